@@ -1,0 +1,447 @@
+"""Bench files: YAML validated into typed models.
+
+A bench file names every instrument, the fabric topology, the detectors, the limits to judge
+against and the safety rules. ``load_bench`` turns it into a :class:`Bench` or raises a
+:class:`~harness.errors.BenchFileError` naming the file, each field path, its line and the reason.
+``bench_json_schema`` exports the JSON schema from the same models.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from harness.errors import BenchFileError, BenchProblem
+
+EMULATED = "emulated"
+
+SWITCH_MODELS = ("polatis", "dicon-matrix")
+METER_MODELS = ("thorlabs-pm100", "keysight-n77xx")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Sourced(_Model):
+    """A number with the place it came from, so a report can say why a limit is what it is."""
+
+    value: float
+    source: str = "bench file"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_number(cls, data: Any) -> Any:
+        if isinstance(data, (int, float)) and not isinstance(data, bool):
+            return {"value": data}
+        return data
+
+
+# --- instruments -----------------------------------------------------------------------------
+
+
+class SwitchEmulation(_Model):
+    """How the emulated switch behaves. Used only when the instrument's resource is ``emulated``."""
+
+    switching_time_s: NonNegativeFloat = 0.05
+    insertion_loss_db: NonNegativeFloat = 1.5
+    monitor_floor_dbm: float = -50.0
+    monitor_noise_db: NonNegativeFloat = 0.02
+    command_latency_s: NonNegativeFloat = 0.0002
+
+
+class MeterEmulation(_Model):
+    noise_db: NonNegativeFloat = 0.02
+    dark_floor_dbm: float = -70.0
+    min_sample_interval_s: PositiveFloat = 0.0001
+    command_latency_s: NonNegativeFloat = 0.0002
+
+
+class _InstrumentBase(_Model):
+    model: str
+    resource: str = Field(description="VISA resource string, serial device path, or 'emulated'")
+    timeout_s: PositiveFloat = 5.0
+    read_termination: str = "\n"
+    write_termination: str = "\n"
+    pace_s: NonNegativeFloat = Field(0.0, description="pause between commands; some firmware needs it")
+    baud_rate: PositiveInt = 115200
+
+    @property
+    def emulated(self) -> bool:
+        return self.resource == EMULATED
+
+    @field_validator("resource")
+    @classmethod
+    def _resource_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must be a VISA resource string, a serial device or 'emulated'")
+        return value
+
+
+class SwitchInstrument(_InstrumentBase):
+    kind: Literal["optical_switch"]
+    ports: tuple[PositiveInt, PositiveInt] = Field(description="(ingress count, egress count)")
+    power_monitors: bool = False
+    emulation: SwitchEmulation = SwitchEmulation()
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value not in SWITCH_MODELS:
+            raise ValueError(f"unknown optical switch model {value!r}; known: {', '.join(SWITCH_MODELS)}")
+        return value
+
+    @property
+    def ingress_ports(self) -> range:
+        return range(1, self.ports[0] + 1)
+
+    @property
+    def egress_ports(self) -> range:
+        return range(self.ports[0] + 1, self.ports[0] + self.ports[1] + 1)
+
+
+class MeterInstrument(_InstrumentBase):
+    kind: Literal["power_meter"]
+    channels: PositiveInt = 1
+    wavelength_nm: PositiveFloat = 1550.0
+    emulation: MeterEmulation = MeterEmulation()
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value not in METER_MODELS:
+            raise ValueError(f"unknown power meter model {value!r}; known: {', '.join(METER_MODELS)}")
+        return value
+
+
+Instrument = Annotated[Union[SwitchInstrument, MeterInstrument], Field(discriminator="kind")]
+
+
+# --- topology ---------------------------------------------------------------------------------
+
+
+class Gpu(_Model):
+    index: Annotated[int, Field(ge=0)]
+    model: str
+    role: Literal["active", "spare"] = "active"
+
+
+class NicPort(_Model):
+    """One optical port of a NIC: its transmit fibre lands on a switch ingress port and its
+    receive fibre comes from a switch egress port."""
+
+    name: str
+    rate_gbps: PositiveFloat
+    launch_dbm: float
+    tx_port: PositiveInt
+    rx_port: PositiveInt
+    tx_fibre_loss_db: NonNegativeFloat = 0.0
+    rx_fibre_loss_db: NonNegativeFloat = 0.0
+    interface: str | None = Field(None, description="Linux interface name on the host, e.g. ens1f0")
+
+
+class Host(_Model):
+    name: str
+    address: str = Field(EMULATED, description="'emulated', 'local', or an ssh destination")
+    gpus: list[Gpu] = Field(min_length=1)
+    nics: list[NicPort] = Field(min_length=1)
+
+
+class Topology(_Model):
+    switch: str = Field(description="name of the optical switch instrument the fibres land on")
+    connector_loss_db: NonNegativeFloat = 0.0
+    hosts: list[Host] = Field(min_length=1)
+
+
+class Detector(_Model):
+    """Something that sees the light at a switch port: a switch's own monitor or a meter channel."""
+
+    name: str
+    instrument: str
+    port: PositiveInt
+    channel: PositiveInt | None = None
+    tap_loss_db: NonNegativeFloat = 0.0
+
+
+class Limits(_Model):
+    receiver_sensitivity_dbm: Sourced
+    link_margin_db: Sourced
+    switch_time_per_connection_s: Sourced
+    switch_command_overhead_s: Sourced = Sourced(value=0.05, source="allowance for SCPI round trips")
+    marginal_fraction: float = Field(
+        0.1, ge=0, lt=1, description="a pass within this fraction of the limit is reported marginal"
+    )
+
+
+class Deadlines(_Model):
+    """Every wait has one: nothing the harness does waits for ever."""
+
+    opc_s: PositiveFloat = 10.0
+    light_s: PositiveFloat = 5.0
+    link_up_s: PositiveFloat = 30.0
+    recovery_s: PositiveFloat = 120.0
+
+
+class Safety(_Model):
+    protected_ports: list[PositiveInt] = []
+    baseline: list[tuple[PositiveInt, PositiveInt]] = Field(
+        default=[], description="cross-connects (ingress, egress) restored at set-up and teardown"
+    )
+
+
+class EmulatorSettings(_Model):
+    time_scale: PositiveFloat = Field(1.0, description="multiplies every emulated latency")
+    seed: int = 1
+
+
+class Bench(_Model):
+    name: str
+    description: str = ""
+    emulator: EmulatorSettings = EmulatorSettings()
+    instruments: dict[str, Instrument] = Field(min_length=1)
+    topology: Topology
+    detectors: list[Detector] = []
+    limits: Limits
+    deadlines: Deadlines = Deadlines()
+    safety: Safety = Safety()
+
+    # -- derived views -----------------------------------------------------------------------
+
+    @property
+    def switch(self) -> SwitchInstrument:
+        return self.instruments[self.topology.switch]  # type: ignore[return-value]
+
+    @property
+    def any_emulated(self) -> bool:
+        return any(i.emulated for i in self.instruments.values())
+
+    @property
+    def all_emulated(self) -> bool:
+        return all(i.emulated for i in self.instruments.values())
+
+    def nic_ports(self) -> list[tuple[Host, NicPort]]:
+        return [(h, n) for h in self.topology.hosts for n in h.nics]
+
+    def nic_on_rx_port(self, egress: int) -> tuple[Host, NicPort] | None:
+        return next(((h, n) for h, n in self.nic_ports() if n.rx_port == egress), None)
+
+    def nic_on_tx_port(self, ingress: int) -> tuple[Host, NicPort] | None:
+        return next(((h, n) for h, n in self.nic_ports() if n.tx_port == ingress), None)
+
+    def detector_for_port(self, port: int) -> Detector | None:
+        return next((d for d in self.detectors if d.port == port), None)
+
+    def problems(self) -> list[BenchProblem]:
+        """Checks across fields that a field validator cannot see."""
+        out: list[BenchProblem] = []
+
+        def bad(path: str, reason: str) -> None:
+            out.append(BenchProblem(path, reason))
+
+        switch = self.instruments.get(self.topology.switch)
+        if switch is None:
+            bad("topology.switch", f"no instrument named {self.topology.switch!r}")
+        elif not isinstance(switch, SwitchInstrument):
+            bad("topology.switch", f"instrument {self.topology.switch!r} is a {switch.kind}, not an optical_switch")
+            switch = None
+
+        _unique(bad, "topology.hosts", [h.name for h in self.topology.hosts], "host name")
+        used_ports: dict[int, str] = {}
+        for hi, host in enumerate(self.topology.hosts):
+            _unique(bad, f"topology.hosts[{hi}].nics", [n.name for n in host.nics], "NIC port name")
+            _unique(bad, f"topology.hosts[{hi}].gpus", [g.index for g in host.gpus], "GPU index")
+            for ni, nic in enumerate(host.nics):
+                where = f"topology.hosts[{hi}].nics[{ni}]"
+                for field, port, side in (("tx_port", nic.tx_port, "ingress"), ("rx_port", nic.rx_port, "egress")):
+                    if switch is not None:
+                        valid = switch.ingress_ports if side == "ingress" else switch.egress_ports
+                        if port not in valid:
+                            bad(f"{where}.{field}", f"port {port} is not an {side} port of "
+                                f"{self.topology.switch!r} ({valid.start}..{valid.stop - 1})")
+                    owner = f"{host.name}.{nic.name}"
+                    if port in used_ports:
+                        bad(f"{where}.{field}", f"port {port} is already used by {used_ports[port]}")
+                    used_ports[port] = owner
+
+        for di, det in enumerate(self.detectors):
+            inst = self.instruments.get(det.instrument)
+            where = f"detectors[{di}]"
+            if inst is None:
+                bad(f"{where}.instrument", f"no instrument named {det.instrument!r}")
+                continue
+            if isinstance(inst, SwitchInstrument):
+                if not inst.power_monitors:
+                    bad(f"{where}.instrument", f"switch {det.instrument!r} has no power monitors "
+                        "(set power_monitors: true if it does)")
+                if det.channel is not None:
+                    bad(f"{where}.channel", "a switch monitor has no channel; leave it out")
+            else:
+                if det.channel is None:
+                    bad(f"{where}.channel", f"meter {det.instrument!r} needs the channel that taps the port")
+                elif det.channel > inst.channels:
+                    bad(f"{where}.channel", f"meter {det.instrument!r} has {inst.channels} channel(s)")
+            if switch is not None and det.port not in switch.ingress_ports and det.port not in switch.egress_ports:
+                bad(f"{where}.port", f"port {det.port} is not a port of {self.topology.switch!r}")
+        _unique(bad, "detectors", [d.name for d in self.detectors], "detector name")
+
+        protected = set(self.safety.protected_ports)
+        seen_in: set[int] = set()
+        seen_out: set[int] = set()
+        for bi, (ingress, egress) in enumerate(self.safety.baseline):
+            where = f"safety.baseline[{bi}]"
+            if switch is not None:
+                if ingress not in switch.ingress_ports:
+                    bad(where, f"{ingress} is not an ingress port of {self.topology.switch!r}")
+                if egress not in switch.egress_ports:
+                    bad(where, f"{egress} is not an egress port of {self.topology.switch!r}")
+            if ingress in seen_in or egress in seen_out:
+                bad(where, f"[{ingress}, {egress}] reuses a port of an earlier baseline cross-connect")
+            if {ingress, egress} & protected:
+                bad(where, f"[{ingress}, {egress}] touches a protected port; protected ports are never switched")
+            seen_in.add(ingress)
+            seen_out.add(egress)
+        if switch is not None:
+            for pi, port in enumerate(self.safety.protected_ports):
+                if port not in switch.ingress_ports and port not in switch.egress_ports:
+                    bad(f"safety.protected_ports[{pi}]", f"port {port} is not a port of {self.topology.switch!r}")
+        return out
+
+
+def _unique(bad, path: str, values: list, what: str) -> None:
+    seen = set()
+    for i, v in enumerate(values):
+        if v in seen:
+            bad(f"{path}[{i}]", f"duplicate {what} {v!r}")
+        seen.add(v)
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+
+def load_bench(path: str | Path, *, time_scale: float | None = None) -> Bench:
+    """Read and validate a bench file. Raises BenchFileError with every problem found."""
+    path = Path(path)
+    shown = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BenchFileError(shown, [BenchProblem("", "file not found")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BenchFileError(shown, [BenchProblem("", f"cannot read: {exc}")]) from None
+    return parse_bench(text, shown, time_scale=time_scale)
+
+
+def parse_bench(text: str, file: str = "<bench>", *, time_scale: float | None = None) -> Bench:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else None
+        reason = getattr(exc, "problem", None) or str(exc)
+        raise BenchFileError(file, [BenchProblem("", f"not valid YAML: {reason}", line)]) from None
+    if root is None:
+        raise BenchFileError(file, [BenchProblem("", "the file is empty")])
+    duplicates = list(_duplicate_keys(root, ""))
+    if duplicates:
+        raise BenchFileError(file, duplicates)
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise BenchFileError(file, [BenchProblem("", "a bench file is a mapping of sections (name, instruments, ...)", 1)])
+    if time_scale is not None:
+        data.setdefault("emulator", {})
+        if isinstance(data["emulator"], dict):
+            data["emulator"]["time_scale"] = time_scale
+    try:
+        bench = Bench.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors(include_url=False):
+            path, line = _locate(root, err["loc"])
+            problems.append(BenchProblem(path, _reason(err), line))
+        raise BenchFileError(file, problems) from None
+    cross = bench.problems()
+    if cross:
+        raise BenchFileError(file, [BenchProblem(p.path, p.reason, _line_of(root, p.path)) for p in cross])
+    return bench
+
+
+def bench_json_schema() -> str:
+    return json.dumps(Bench.model_json_schema(), indent=2)
+
+
+def _reason(err: dict) -> str:
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "missing":
+        return "required field is missing"
+    if err["type"] == "extra_forbidden":
+        return "unknown field (check its spelling against `lumion-hil bench schema`)"
+    if err["type"] == "union_tag_invalid":
+        return f"unknown kind {err.get('input', {}).get('kind')!r}; expected optical_switch or power_meter"
+    if "input" in err and not isinstance(err["input"], (dict, list)):
+        return f"{msg} (got {err['input']!r})"
+    return msg
+
+
+def _locate(root: yaml.Node, loc: tuple) -> tuple[str, int | None]:
+    """Turn a pydantic error location into a readable path and the YAML line it points at.
+
+    Location parts that are not in the document (a union's tag, say) are dropped."""
+    node = root
+    parts: list[str] = []
+    line = root.start_mark.line + 1
+    for key in loc:
+        child = _child(node, key)
+        if child is None:
+            if isinstance(key, str) and isinstance(node, yaml.MappingNode):
+                parts.append(f".{key}" if parts else key)  # a missing field: point at its parent
+            continue
+        parts.append(f"[{key}]" if isinstance(key, int) else (f".{key}" if parts else str(key)))
+        node = child
+        line = node.start_mark.line + 1
+    return "".join(parts), line
+
+
+def _line_of(root: yaml.Node, dotted: str) -> int | None:
+    keys: list[str | int] = []
+    for part in dotted.replace("]", "").replace("[", ".").split("."):
+        if part:
+            keys.append(int(part) if part.isdigit() else part)
+    return _locate(root, tuple(keys))[1]
+
+
+def _child(node: yaml.Node, key) -> yaml.Node | None:
+    if isinstance(node, yaml.MappingNode) and isinstance(key, str):
+        for k, v in node.value:
+            if k.value == key:
+                return v
+    if isinstance(node, yaml.SequenceNode) and isinstance(key, int) and 0 <= key < len(node.value):
+        return node.value[key]
+    return None
+
+
+def _duplicate_keys(node: yaml.Node, path: str):
+    if isinstance(node, yaml.MappingNode):
+        seen = set()
+        for k, v in node.value:
+            sub = f"{path}.{k.value}" if path else str(k.value)
+            if k.value in seen:
+                yield BenchProblem(sub, "key appears twice (YAML would silently keep the last)", k.start_mark.line + 1)
+            seen.add(k.value)
+            yield from _duplicate_keys(v, sub)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            yield from _duplicate_keys(v, f"{path}[{i}]")

@@ -1,0 +1,34 @@
+"""Measurement declarations built from a bench's limits: one place says what each suite judges
+against and where the number came from."""
+
+from __future__ import annotations
+
+from harness.config import Bench
+from harness.measurements import Spec
+
+
+def received_power(bench: Bench) -> Spec:
+    sens, margin = bench.limits.receiver_sensitivity_dbm, bench.limits.link_margin_db
+    return Spec("received_power", "dBm", description="optical power at the receiver").at_least(
+        sens.value + margin.value, f"sensitivity {sens.value:g} dBm ({sens.source}) + margin {margin.value:g} dB "
+        f"({margin.source})").with_marginal(bench.limits.marginal_fraction)
+
+
+def link_margin(bench: Bench) -> Spec:
+    margin = bench.limits.link_margin_db
+    return Spec("link_margin", "dB", description="received power above the receiver's sensitivity").at_least(
+        margin.value, margin.source).with_marginal(bench.limits.marginal_fraction)
+
+
+def dark_after_disconnect(bench: Bench) -> Spec:
+    sens = bench.limits.receiver_sensitivity_dbm
+    return Spec("power_after_disconnect", "dBm", description="a removed circuit must be dark").at_most(
+        sens.value, f"below the receiver's sensitivity ({sens.source})").with_marginal(0.0)
+
+
+def switch_completion(bench: Bench, connections: int) -> Spec:
+    per, overhead = bench.limits.switch_time_per_connection_s, bench.limits.switch_command_overhead_s
+    return Spec("switch_completion_time", "s", description=f"command to *OPC? for {connections} connection(s)").at_most(
+        connections * per.value + overhead.value,
+        f"{connections} x {per.value:g} s ({per.source}) + {overhead.value:g} s ({overhead.source})",
+    ).with_marginal(bench.limits.marginal_fraction)

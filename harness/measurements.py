@@ -1,0 +1,95 @@
+"""Measurements declared with a unit and limits, each limit with its source; the verdict comes
+from the declaration (after OpenHTF), never from a float compared inline in a test."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+class Verdict(str, enum.Enum):
+    PASS = "pass"
+    MARGINAL = "marginal"  # inside the limits, but closer to one than the bench's marginal band
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What is measured, in which unit, and what counts as good: ``Spec("x", "s").at_most(1.1, src)``."""
+
+    name: str
+    unit: str
+    low: float | None = None
+    high: float | None = None
+    source: str = ""
+    marginal_fraction: float = 0.1
+    description: str = ""
+
+    def at_most(self, high: float, source: str) -> "Spec":
+        return replace(self, high=high, source=source)
+
+    def at_least(self, low: float, source: str) -> "Spec":
+        return replace(self, low=low, source=source)
+
+    def in_range(self, low: float, high: float, source: str) -> "Spec":
+        return replace(self, low=low, high=high, source=source)
+
+    def with_marginal(self, fraction: float) -> "Spec":
+        return replace(self, marginal_fraction=fraction)
+
+    def judge(self, value: float | None) -> Verdict:
+        if value is None or not math.isfinite(value):
+            return Verdict.FAIL
+        if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
+            return Verdict.FAIL
+        if self.low is not None and self.high is not None:
+            band = (self.high - self.low) * self.marginal_fraction / 2
+        else:
+            band = abs(self.low if self.low is not None else self.high or 0.0) * self.marginal_fraction
+        near_low = self.low is not None and value - self.low < band
+        near_high = self.high is not None and self.high - value < band
+        return Verdict.MARGINAL if (near_low or near_high) else Verdict.PASS
+
+    def measure(self, value: float | None, **attrs: Any) -> "Measurement":
+        return Measurement(self, value, self.judge(value), attrs)
+
+    def limit_text(self) -> str:
+        if self.low is not None and self.high is not None:
+            return f"{self.low:g} .. {self.high:g} {self.unit}"
+        if self.low is not None:
+            return f">= {self.low:g} {self.unit}"
+        if self.high is not None:
+            return f"<= {self.high:g} {self.unit}"
+        return "(recorded, not judged)"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    spec: Spec
+    value: float | None
+    verdict: Verdict
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict is not Verdict.FAIL
+
+    def describe(self) -> str:
+        shown = "invalid" if self.value is None or not math.isfinite(self.value) else f"{self.value:.6g} {self.spec.unit}"
+        return (f"{self.spec.name} = {shown}: {self.verdict.value} (limit {self.spec.limit_text()}"
+                f"{'; ' + self.spec.source if self.spec.source else ''})")
+
+    def to_dict(self) -> dict[str, Any]:
+        value = self.value if self.value is None or math.isfinite(self.value) else None
+        return {
+            "name": self.spec.name,
+            "value": value,
+            "unit": self.spec.unit,
+            "low": self.spec.low,
+            "high": self.spec.high,
+            "source": self.spec.source,
+            "verdict": self.verdict.value,
+            **({"attrs": self.attrs} if self.attrs else {}),
+        }

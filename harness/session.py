@@ -1,0 +1,104 @@
+"""A bench in use: its lock, its emulators (where instruments are emulated), its drivers, its
+timeline. Opening restores the baseline cross-connects; closing restores them again, whatever
+happened in between."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.binding import open_driver
+from harness.config import Bench, Detector, MeterInstrument, SwitchInstrument
+from harness.lock import BenchLock
+from harness.safety import GuardedSwitch
+from harness.timeline import Timeline
+
+log = logging.getLogger("lumion_hil")
+
+
+@dataclass
+class BenchSession:
+    bench: Bench
+    timeline: Timeline = field(default_factory=Timeline)
+    switch: GuardedSwitch | None = None
+    meters: dict[str, Any] = field(default_factory=dict)
+    drivers: dict[str, Any] = field(default_factory=dict)
+    emulated: Any = None  # an EmulatedBench when any instrument is emulated
+    resources: dict[str, str] = field(default_factory=dict)
+    _lock: BenchLock | None = None
+
+    @property
+    def world(self):
+        """The emulated physical world (ground truth), or None on a real bench."""
+        return self.emulated.world if self.emulated is not None else None
+
+    @classmethod
+    def open(cls, bench: Bench, *, restore: bool = True) -> "BenchSession":
+        session = cls(bench)
+        try:
+            session._open(restore)
+        except BaseException:
+            session.close(restore=False)
+            raise
+        return session
+
+    def _open(self, restore: bool) -> None:
+        if not self.bench.all_emulated:
+            self._lock = BenchLock(self.bench.name).acquire()
+        if self.bench.any_emulated:
+            from instruments.emulators.bench import EmulatedBench
+
+            self.emulated = EmulatedBench(self.bench).start()
+        for name, spec in self.bench.instruments.items():
+            resource = self.emulated.resources[name] if spec.emulated else spec.resource
+            self.resources[name] = resource
+            driver = open_driver(name, spec, resource, opc_timeout_s=self.bench.deadlines.opc_s)
+            self.drivers[name] = driver
+            recorded = self.timeline.recorded(driver, name)
+            if isinstance(spec, SwitchInstrument) and name == self.bench.topology.switch:
+                self.switch = GuardedSwitch(recorded, self.bench.safety.protected_ports, self.bench.safety.baseline)
+            elif isinstance(spec, MeterInstrument):
+                self.meters[name] = recorded
+        if restore:
+            self.restore_baseline()
+
+    def detector_dbm(self, detector: Detector) -> float:
+        """Optical power at the port a detector watches, corrected for its tap loss."""
+        with self.timeline.span("detector.read", detector=detector.name):
+            if detector.instrument == self.bench.topology.switch:
+                reading = self.switch.port_power_dbm([detector.port])[detector.port]
+            else:
+                reading = self.meters[detector.instrument].read_dbm(detector.channel)
+        return reading + detector.tap_loss_db
+
+    def restore_baseline(self) -> None:
+        if self.switch is not None:
+            with self.timeline.span("safety.restore_baseline"):
+                self.switch.restore_baseline()
+
+    def close(self, *, restore: bool = True) -> None:
+        """Leave the bench safe: baseline restored, drivers closed, emulators stopped, lock freed.
+        Every step runs even if an earlier one fails; the first failure is raised at the end."""
+        failure: BaseException | None = None
+        steps = [self.restore_baseline] if restore else []
+        steps += [d.close for d in self.drivers.values()]
+        if self.emulated is not None:
+            steps.append(self.emulated.stop)
+        if self._lock is not None:
+            steps.append(self._lock.release)
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:  # keep going: the rest of the clean-up still matters
+                log.error("bench %s: clean-up step %s failed: %s", self.bench.name, getattr(step, "__name__", step), exc)
+                failure = failure or exc
+        self.drivers.clear()
+        if failure is not None:
+            raise failure
+
+    def __enter__(self) -> "BenchSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,112 @@
+"""One monotonic timeline (``perf_counter_ns``) of spans and events.
+
+Driver calls and controller phases become spans through one context manager
+(:meth:`Timeline.span`) or one proxy (:meth:`Timeline.recorded`), never by timing code written
+into each function. Events from other hosts are placed on it with an offset and an uncertainty.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
+
+now_ns = time.perf_counter_ns
+
+
+@dataclass
+class Span:
+    name: str
+    start_ns: int
+    end_ns: int | None = None
+    attrs: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def duration_s(self) -> float:
+        if self.end_ns is None:
+            raise ValueError(f"span {self.name!r} has not ended")
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+@dataclass
+class Event:
+    name: str
+    t_ns: int
+    uncertainty_ns: int = 0
+    source: str = "harness"
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+class Timeline:
+    def __init__(self, clock=now_ns):
+        self.clock = clock
+        self.origin_ns = clock()
+        self.spans: list[Span] = []
+        self.events: list[Event] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def span(self, name: str, **attrs) -> Iterator[Span]:
+        span = Span(name, self.clock(), attrs=attrs)
+        with self._lock:
+            self.spans.append(span)
+        try:
+            yield span
+        except BaseException as exc:
+            span.error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            span.end_ns = self.clock()
+
+    def event(self, name: str, t_ns: int | None = None, *, uncertainty_ns: int = 0, source: str = "harness",
+              **attrs) -> Event:
+        ev = Event(name, self.clock() if t_ns is None else t_ns, uncertainty_ns, source, attrs)
+        with self._lock:
+            self.events.append(ev)
+        return ev
+
+    def recorded(self, target: Any, prefix: str) -> Any:
+        """A view of ``target`` whose public method calls are spans named ``prefix.method``."""
+        return _Recorded(target, prefix, self)
+
+    def spans_named(self, name: str) -> list[Span]:
+        return [s for s in self.spans if s.name == name]
+
+    def to_dict(self) -> dict:
+        with self._lock:
+            return {
+                "clock": "perf_counter_ns",
+                "origin_ns": self.origin_ns,
+                "spans": [asdict(s) for s in self.spans],
+                "events": [asdict(e) for e in self.events],
+            }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, default=str)
+
+
+class _Recorded:
+    def __init__(self, target: Any, prefix: str, timeline: Timeline):
+        self._target = target
+        self._prefix = prefix
+        self._timeline = timeline
+
+    def __getattr__(self, attr: str) -> Any:
+        value = getattr(self._target, attr)
+        if attr.startswith("_") or not callable(value):
+            return value
+
+        @functools.wraps(value)
+        def call(*args, **kwargs):
+            with self._timeline.span(f"{self._prefix}.{attr}"):
+                return value(*args, **kwargs)
+
+        return call
+
+    def __repr__(self) -> str:
+        return f"<recorded {self._prefix}: {self._target!r}>"

@@ -1,0 +1,326 @@
+"""The emulated bench's one physical world.
+
+Emulated instruments are views of it: the switch emulator changes cross-connects, a meter reads
+the power arriving at the port it taps, a host sees its links. Everything the world holds is a
+history over time (``perf_counter_ns``, the same clock the harness times with), so any view can
+ask "what was the light at port 18 at instant t" and the world also knows the true time of every
+physical event: the ground truth the harness's measurements are checked against.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the emulators read the bench's settings; they import nothing from harness
+    from harness.config import Bench
+
+
+class WorldError(Exception):
+    """A request the physical world refuses; emulators turn it into their instrument's error."""
+
+    def __init__(self, kind: str, message: str):
+        self.kind = kind  # "range", "conflict", "argument"
+        super().__init__(message)
+
+
+@dataclass
+class Circuit:
+    """One cross-connect, from command to removal."""
+
+    ingress: int
+    egress: int
+    commanded_ns: int
+    lit_ns: int  # when the beam settles and light passes
+    removed_ns: int | None = None
+
+    def live_at(self, t_ns: int) -> bool:
+        """Configured at t (switching or lit)."""
+        return self.commanded_ns <= t_ns and (self.removed_ns is None or t_ns < self.removed_ns)
+
+    def lit_at(self, t_ns: int) -> bool:
+        return self.lit_ns <= t_ns and (self.removed_ns is None or t_ns < self.removed_ns)
+
+
+@dataclass(frozen=True)
+class GroundTruth:
+    """A physical event and the instant it truly happened."""
+
+    t_ns: int
+    kind: str  # "switch.command", "circuit.lit", "circuit.dark", "port.state", "loss", ...
+    subject: str
+    detail: dict = field(default_factory=dict, hash=False)
+
+
+@dataclass
+class _Source:
+    launch_dbm: float
+    tx_fibre_loss_db: float
+    owner: str
+
+
+@dataclass
+class _Sink:
+    rx_fibre_loss_db: float
+    owner: str
+
+
+class _History:
+    """A value that changes at instants; ``at(t)`` gives the value in force at t."""
+
+    def __init__(self, initial):
+        self._times: list[int] = [-(2**62)]
+        self._values: list = [initial]
+
+    def set(self, t_ns: int, value) -> None:
+        i = bisect.bisect_right(self._times, t_ns)
+        # A change supersedes anything planned after it.
+        del self._times[i:], self._values[i:]
+        self._times.append(t_ns)
+        self._values.append(value)
+
+    def at(self, t_ns: int):
+        return self._values[bisect.bisect_right(self._times, t_ns) - 1]
+
+
+class World:
+    """Light, loss and switch state of the whole emulated bench, over time."""
+
+    def __init__(self, bench: "Bench", clock_ns=time.perf_counter_ns):
+        self.bench = bench
+        self.now_ns = clock_ns
+        self.time_scale = bench.emulator.time_scale
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        switch = bench.switch
+        self.ingress_ports = switch.ingress_ports
+        self.egress_ports = switch.egress_ports
+        self.switching_time_ns = self.scaled_ns(switch.emulation.switching_time_s)
+        self.insertion_loss_db = switch.emulation.insertion_loss_db
+        self.connector_loss_db = bench.topology.connector_loss_db
+        self.protected_ports = frozenset(bench.safety.protected_ports)
+        self.sources: dict[int, _Source] = {}
+        self.sinks: dict[int, _Sink] = {}
+        for host, nic in bench.nic_ports():
+            owner = f"{host.name}.{nic.name}"
+            self.sources[nic.tx_port] = _Source(nic.launch_dbm, nic.tx_fibre_loss_db, owner)
+            self.sinks[nic.rx_port] = _Sink(nic.rx_fibre_loss_db, owner)
+        self.circuits: list[Circuit] = []
+        self._busy_until_ns = 0
+        self._extra_loss: dict[int, _History] = {}
+        self._port_state: dict[int, _History] = {}
+        self._source_on: dict[int, _History] = {}
+        self.events: list[GroundTruth] = []
+
+    # -- time ---------------------------------------------------------------------------------
+
+    def scaled_ns(self, seconds: float) -> int:
+        return int(round(seconds * self.time_scale * 1e9))
+
+    def record(self, t_ns: int, kind: str, subject: str, **detail) -> None:
+        with self.lock:
+            self.events.append(GroundTruth(t_ns, kind, subject, detail))
+            self.changed.notify_all()
+
+    def events_of(self, kind: str, subject: str | None = None) -> list[GroundTruth]:
+        with self.lock:
+            return sorted(
+                (e for e in self.events if e.kind == kind and (subject is None or e.subject == subject)),
+                key=lambda e: e.t_ns,
+            )
+
+    # -- the switch ---------------------------------------------------------------------------
+
+    def live_circuits(self, t_ns: int | None = None) -> list[Circuit]:
+        t = self.now_ns() if t_ns is None else t_ns
+        with self.lock:
+            return sorted((c for c in self.circuits if c.live_at(t)), key=lambda c: c.ingress)
+
+    def connections(self, t_ns: int | None = None) -> dict[int, int]:
+        return {c.ingress: c.egress for c in self.live_circuits(t_ns)}
+
+    def switch_busy_until_ns(self) -> int:
+        with self.lock:
+            return self._busy_until_ns
+
+    def connect(self, pairs: Iterable[tuple[int, int]], t_ns: int | None = None) -> int:
+        """Start moving beams for each (ingress, egress). Returns when the last one settles.
+
+        Connections settle one after another, ``switching_time_s`` each (a beam-steering
+        switch's controller moves one beam pair at a time: assumption from "about 50 ms per
+        connection"). A pair that already exists is left as it is."""
+        pairs = list(pairs)
+        with self.lock:
+            t = self.now_ns() if t_ns is None else t_ns
+            live = {c.ingress: c for c in self.live_circuits(t)}
+            egress_used = {c.egress: c for c in live.values()}
+            self._check_pairs(pairs)
+            new = []
+            for ingress, egress in pairs:
+                existing = live.get(ingress)
+                if existing is not None and existing.egress == egress:
+                    continue
+                if existing is not None:
+                    raise WorldError("conflict", f"ingress {ingress} is already connected to {existing.egress}")
+                if egress in egress_used:
+                    raise WorldError("conflict", f"egress {egress} is already connected to {egress_used[egress].ingress}")
+                new.append((ingress, egress))
+            start = max(t, self._busy_until_ns)
+            self.record(t, "switch.command", "connect", pairs=new)
+            for k, (ingress, egress) in enumerate(new, start=1):
+                lit = start + k * self.switching_time_ns
+                self.circuits.append(Circuit(ingress, egress, t, lit))
+                self.events.append(GroundTruth(lit, "circuit.lit", f"{ingress}->{egress}",
+                                               {"ingress": ingress, "egress": egress}))
+                self._busy_until_ns = lit
+                self._note_protected(t, ingress, egress)
+            self.changed.notify_all()
+            return max(self._busy_until_ns, t)
+
+    def disconnect(self, pairs: Iterable[tuple[int, int]] | None = None, t_ns: int | None = None) -> None:
+        """Remove the given (ingress, egress) connections, or all of them. Light is lost at once:
+        the beam leaves the output as soon as it starts to move."""
+        with self.lock:
+            t = self.now_ns() if t_ns is None else t_ns
+            live = self.live_circuits(t)
+            if pairs is None:
+                chosen = live
+            else:
+                wanted = list(pairs)
+                self._check_pairs(wanted)
+                by_pair = {(c.ingress, c.egress): c for c in live}
+                missing = [p for p in wanted if p not in by_pair]
+                if missing:
+                    raise WorldError("conflict", f"not connected: {', '.join(f'{i}->{e}' for i, e in missing)}")
+                chosen = [by_pair[p] for p in wanted]
+            for c in chosen:
+                c.removed_ns = t
+                was_lit = c.lit_ns <= t
+                if not was_lit:  # removed while its beam was still moving
+                    self.events = [e for e in self.events
+                                   if not (e.kind == "circuit.lit" and e.subject == f"{c.ingress}->{c.egress}"
+                                           and e.t_ns == c.lit_ns)]
+                self.events.append(GroundTruth(t, "circuit.dark", f"{c.ingress}->{c.egress}",
+                                               {"ingress": c.ingress, "egress": c.egress, "was_lit": was_lit}))
+                self._note_protected(t, c.ingress, c.egress)
+            self.record(t, "switch.command", "disconnect", pairs=[(c.ingress, c.egress) for c in chosen])
+
+    def replace_all(self, pairs: Iterable[tuple[int, int]], t_ns: int | None = None) -> int:
+        """Make the given connections the only ones; unchanged ones are not touched."""
+        pairs = list(pairs)
+        with self.lock:
+            t = self.now_ns() if t_ns is None else t_ns
+            self._check_pairs(pairs)
+            wanted = set(pairs)
+            current = {(c.ingress, c.egress) for c in self.live_circuits(t)}
+            stale = current - wanted
+            if stale:
+                self.disconnect(sorted(stale), t)
+            return self.connect(sorted(wanted - current), t)
+
+    def _check_pairs(self, pairs: list[tuple[int, int]]) -> None:
+        ins = [i for i, _ in pairs]
+        outs = [e for _, e in pairs]
+        for port in ins:
+            if port not in self.ingress_ports:
+                raise WorldError("range", f"{port} is not an ingress port")
+        for port in outs:
+            if port not in self.egress_ports:
+                raise WorldError("range", f"{port} is not an egress port")
+        if len(set(ins)) != len(ins) or len(set(outs)) != len(outs):
+            raise WorldError("argument", "a port appears twice in one request")
+
+    def _note_protected(self, t: int, *ports: int) -> None:
+        touched = sorted(set(ports) & self.protected_ports)
+        if touched:
+            self.events.append(GroundTruth(t, "safety.violation", "protected port switched", {"ports": touched}))
+
+    # -- ports, losses and sources --------------------------------------------------------------
+
+    def set_port_state(self, port: int, state: str, t_ns: int | None = None) -> None:
+        """'E' enabled, 'D' disabled (shutter closed), 'F' failed."""
+        if port not in self.ingress_ports and port not in self.egress_ports:
+            raise WorldError("range", f"{port} is not a port of the switch")
+        with self.lock:
+            t = self.now_ns() if t_ns is None else t_ns
+            self._port_state.setdefault(port, _History("E")).set(t, state)
+            self.record(t, "port.state", str(port), state=state)
+
+    def port_state(self, port: int, t_ns: int | None = None) -> str:
+        t = self.now_ns() if t_ns is None else t_ns
+        with self.lock:
+            hist = self._port_state.get(port)
+            return hist.at(t) if hist else "E"
+
+    def set_extra_loss(self, port: int, loss_db: float, t_ns: int | None = None) -> None:
+        """Extra loss on the fibre at a switch port (a bend, a dirty connector; inf is a cut)."""
+        with self.lock:
+            t = self.now_ns() if t_ns is None else t_ns
+            self._extra_loss.setdefault(port, _History(0.0)).set(t, loss_db)
+            self.record(t, "loss", str(port), extra_db=loss_db)
+
+    def set_source(self, ingress: int, on: bool, t_ns: int | None = None) -> None:
+        """Switch a transmitter's laser on or off (a host powering down, say)."""
+        with self.lock:
+            t = self.now_ns() if t_ns is None else t_ns
+            self._source_on.setdefault(ingress, _History(True)).set(t, on)
+            self.record(t, "source", str(ingress), on=on)
+
+    def _extra(self, port: int, t: int) -> float:
+        hist = self._extra_loss.get(port)
+        return hist.at(t) if hist else 0.0
+
+    # -- light ----------------------------------------------------------------------------------
+
+    def port_power_dbm(self, port: int, t_ns: int | None = None) -> float | None:
+        """Optical power at a switch port at instant t, or None when it is dark.
+
+        Ingress: what arrives from the transmitter. Egress: what leaves the switch towards the
+        receiver, after the switch's insertion loss and the connectors."""
+        t = self.now_ns() if t_ns is None else t_ns
+        with self.lock:
+            if port in self.ingress_ports:
+                return self._ingress_power(port, t)
+            if port not in self.egress_ports or self.port_state(port, t) != "E":
+                return None
+            circuit = next((c for c in self.circuits if c.egress == port and c.lit_at(t)), None)
+            if circuit is None or self.port_state(circuit.ingress, t) != "E":
+                return None
+            arriving = self._ingress_power(circuit.ingress, t)
+            if arriving is None:
+                return None
+            power = arriving - self.insertion_loss_db - self.connector_loss_db - self._extra(port, t)
+            return None if math.isinf(power) else power
+
+    def _ingress_power(self, port: int, t: int) -> float | None:
+        source = self.sources.get(port)
+        if source is None:
+            return None
+        on = self._source_on.get(port)
+        if on is not None and not on.at(t):
+            return None
+        power = source.launch_dbm - source.tx_fibre_loss_db - self._extra(port, t)
+        return None if math.isinf(power) else power
+
+    def received_dbm(self, egress: int, t_ns: int | None = None) -> float | None:
+        """Power at the receiver fed by an egress port (after its receive fibre)."""
+        power = self.port_power_dbm(egress, t_ns)
+        sink = self.sinks.get(egress)
+        if power is None or sink is None:
+            return power
+        return power - sink.rx_fibre_loss_db
+
+    def light_changes(self, port: int, since_ns: int) -> list[int]:
+        """Instants after ``since_ns`` at which the light at a port may change (known so far)."""
+        with self.lock:
+            out = set()
+            for c in self.circuits:
+                if port in (c.ingress, c.egress):
+                    out.update(x for x in (c.lit_ns, c.removed_ns) if x is not None and x > since_ns)
+            return sorted(out)

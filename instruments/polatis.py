@@ -1,0 +1,120 @@
+"""HUBER+SUHNER Polatis optical circuit switch over raw SCPI (TCP port 5025).
+
+Command set: shared instrument reference. Ingress ports are 1..N, egress N+1..N+M.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+from instruments.protocols import Identity, OpticalSwitch, Pairs, PortState, as_pairs
+from instruments.scpi import ScpiInstrument, parse_identity, query
+
+_CHANNEL_LIST = re.compile(r"\(@([\d,\s]*)\)")
+
+
+def channel_list(ports: Iterable[int]) -> str:
+    return "(@" + ",".join(str(int(p)) for p in ports) + ")"
+
+
+def parse_channel_lists(reply: str) -> list[list[int]]:
+    lists = _CHANNEL_LIST.findall(reply)
+    if not lists or _CHANNEL_LIST.sub("", reply).strip(" ,"):
+        raise ValueError("expected channel lists like (@1,2),(@17,18)")
+    return [[int(p) for p in items.split(",") if p.strip()] for items in lists]
+
+
+def parse_connections(reply: str) -> dict[int, int]:
+    lists = parse_channel_lists(reply)
+    if len(lists) != 2 or len(lists[0]) != len(lists[1]):
+        raise ValueError("expected two channel lists of equal length")
+    return dict(zip(lists[0], lists[1]))
+
+
+def parse_size(reply: str) -> tuple[int, int]:
+    n_in, n_out = (int(x) for x in reply.split(","))
+    return n_in, n_out
+
+
+def parse_parenthesised(reply: str) -> list[str]:
+    m = re.fullmatch(r"\s*\(([^()]*)\)\s*", reply)
+    if not m:
+        raise ValueError("expected a parenthesised list")
+    return [x.strip() for x in m.group(1).split(",")] if m.group(1).strip() else []
+
+
+class PolatisSwitch(ScpiInstrument, OpticalSwitch):
+    error_query = ":SYST:ERR:ALL?"
+    error_query_returns_all = True
+
+    identity = query("*IDN?", parse_identity, "vendor, model, serial, firmware")
+    port_counts = query(":OXC:SWIT:SIZE?", parse_size, "(ingress count, egress count)")
+    connection_map = query(":OXC:SWIT:CONN:STAT?", parse_connections, "current cross-connects")
+
+    def __init__(self, session, *, power_monitors: bool = False, opc_timeout_s: float = 10.0):
+        super().__init__(session, opc_timeout_s=opc_timeout_s)
+        self._power_monitors = power_monitors
+
+    def identify(self) -> Identity:
+        return self.identity
+
+    def size(self) -> tuple[int, int]:
+        return self.port_counts
+
+    def connections(self) -> dict[int, int]:
+        return self.connection_map
+
+    def connected_to(self, port: int) -> int | None:
+        peer = self.ask(f":OXC:SWIT:CONN:PORT? {int(port)}", lambda r: int(r.strip().strip("\"'")))
+        return peer or None
+
+    def _pairs_command(self, header: str, pairs: Pairs) -> str:
+        items = as_pairs(pairs)
+        return f"{header} {channel_list(i for i, _ in items)},{channel_list(e for _, e in items)}"
+
+    def connect(self, pairs: Pairs) -> None:
+        if as_pairs(pairs):
+            self.send_and_wait(self._pairs_command(":OXC:SWIT:CONN:ADD", pairs))
+
+    def disconnect(self, pairs: Pairs) -> None:
+        if as_pairs(pairs):
+            self.send_and_wait(self._pairs_command(":OXC:SWIT:CONN:SUB", pairs))
+
+    def disconnect_all(self) -> None:
+        self.send_and_wait(":OXC:SWIT:DISC:ALL")
+
+    def port_states(self, ports: Iterable[int]) -> dict[int, PortState]:
+        ports = list(ports)
+
+        def parse(reply: str) -> list[PortState]:
+            states = [PortState(s) for s in parse_parenthesised(reply)]
+            if len(states) != len(ports):
+                raise ValueError(f"asked for {len(ports)} port states, got {len(states)}")
+            return states
+
+        return dict(zip(ports, self.ask(f":OXC:SWIT:PORT:STAT? {channel_list(ports)}", parse)))
+
+    def enable_ports(self, ports: Iterable[int]) -> None:
+        self.send(f":OXC:SWIT:PORT:ENAB {channel_list(ports)}")
+
+    def disable_ports(self, ports: Iterable[int]) -> None:
+        self.send(f":OXC:SWIT:PORT:DIS {channel_list(ports)}")
+
+    @property
+    def has_power_monitors(self) -> bool:
+        return self._power_monitors
+
+    def port_power_dbm(self, ports: Iterable[int]) -> dict[int, float]:
+        if not self._power_monitors:
+            return super().port_power_dbm(ports)
+        ports = list(ports)
+        command = f":PMON:POW? {channel_list(ports)}"
+
+        def parse(reply: str) -> list[float]:
+            values = [float(x) for x in parse_parenthesised(reply)]
+            if len(values) != len(ports):
+                raise ValueError(f"asked for {len(ports)} ports, got {len(values)} readings")
+            return values
+
+        return dict(zip(ports, self.ask(command, parse)))

@@ -1,0 +1,1 @@
+"""Reports: regression against published numbers and history; plots; Allure."""

@@ -1,0 +1,70 @@
+"""Circuit set-up: the bench's circuits carry enough light, and the switch completes in budget.
+
+Runs unchanged on a real bench and on the emulated one; it names no vendor."""
+
+from __future__ import annotations
+
+import allure
+import pytest
+
+from harness import limits
+
+pytestmark = allure.feature("circuit set-up")
+
+
+def _detector(bench_file, egress):
+    det = bench_file.detector_for_port(egress)
+    if det is None:
+        pytest.skip(f"no detector watches egress port {egress}")
+    return det
+
+
+def _received_dbm(bench, bench_file, det) -> float:
+    nic = bench_file.nic_on_rx_port(det.port)
+    rx_loss = nic[1].rx_fibre_loss_db if nic else 0.0
+    return bench.detector_dbm(det) - rx_loss
+
+
+@allure.title("the switch is the one the bench file describes")
+def test_switch_matches_bench(optical_switch, bench_file):
+    identity = optical_switch.identify()
+    allure.dynamic.description(f"switch: {identity}")
+    assert optical_switch.size() == tuple(bench_file.switch.ports), (
+        f"{optical_switch.name} reports {optical_switch.size()} ports; the bench file says {bench_file.switch.ports}")
+
+
+@allure.title("baseline circuit {baseline_circuit} carries light")
+def test_baseline_circuit_carries_light(bench, bench_file, optical_switch, baseline_circuit, measure):
+    ingress, egress = baseline_circuit
+    assert optical_switch.connections().get(ingress) == egress, f"baseline {ingress}->{egress} is not connected"
+    det = _detector(bench_file, egress)
+    received = _received_dbm(bench, bench_file, det)
+    measure(limits.received_power(bench_file), received, port=egress)
+    measure(limits.link_margin(bench_file), received - bench_file.limits.receiver_sensitivity_dbm.value, port=egress)
+
+
+@allure.title("circuit {baseline_circuit}: dark when removed, light within budget when made")
+def test_circuit_make_and_break(bench, bench_file, optical_switch, baseline_circuit, measure, timeline):
+    ingress, egress = baseline_circuit
+    det = _detector(bench_file, egress)
+    optical_switch.disconnect([baseline_circuit])
+    measure(limits.dark_after_disconnect(bench_file), _received_dbm(bench, bench_file, det), port=egress)
+    with timeline.span("suite.connect", ingress=ingress, egress=egress) as span:
+        optical_switch.connect([baseline_circuit])
+    measure(limits.switch_completion(bench_file, 1), span.duration_s, ingress=ingress, egress=egress)
+    measure(limits.received_power(bench_file), _received_dbm(bench, bench_file, det), port=egress)
+
+
+@allure.title("all baseline circuits made in one command")
+def test_all_baseline_circuits_in_one_command(bench, bench_file, optical_switch, measure, timeline):
+    baseline = list(bench_file.safety.baseline)
+    if not baseline:
+        pytest.skip("the bench has no baseline circuits")
+    optical_switch.disconnect(baseline)
+    with timeline.span("suite.connect_all", connections=len(baseline)) as span:
+        optical_switch.connect(baseline)
+    measure(limits.switch_completion(bench_file, len(baseline)), span.duration_s, connections=len(baseline))
+    for ingress, egress in baseline:
+        det = bench_file.detector_for_port(egress)
+        if det is not None:
+            measure(limits.received_power(bench_file), _received_dbm(bench, bench_file, det), port=egress)
