@@ -370,7 +370,8 @@ def parse_bench(text: str, file: str = "<bench>", *, time_scale: float | None = 
     except ValidationError as exc:
         problems = []
         for err in exc.errors(include_url=False):
-            path, line = _locate(root, err["loc"])
+            loc = err["loc"] + (("kind",) if err["type"].startswith("union_tag") else ())
+            path, line = _locate(root, loc)
             problems.append(BenchProblem(path, _reason(err), line))
         raise BenchFileError(file, problems) from None
     cross = bench.problems()
@@ -391,7 +392,9 @@ def _reason(err: dict) -> str:
         return "unknown field (check its spelling against `lumion-hil bench schema`)"
     if err["type"] == "union_tag_invalid":
         return f"unknown kind {err.get('input', {}).get('kind')!r}; expected optical_switch or power_meter"
-    if "input" in err and not isinstance(err["input"], (dict, list)):
+    if err["type"] == "union_tag_not_found":
+        return "required field is missing; expected optical_switch or power_meter"
+    if "input" in err and not isinstance(err["input"], (dict, list)) and repr(err["input"]) not in msg:
         return f"{msg} (got {err['input']!r})"
     return msg
 
@@ -403,12 +406,13 @@ def _locate(root: yaml.Node, loc: tuple) -> tuple[str, int | None]:
     node = root
     parts: list[str] = []
     line = root.start_mark.line + 1
-    for key in loc:
+    for depth, key in enumerate(loc):
         child = _child(node, key)
         if child is None:
-            if isinstance(key, str) and isinstance(node, yaml.MappingNode):
+            last = depth == len(loc) - 1
+            if last and isinstance(key, str) and isinstance(node, yaml.MappingNode):
                 parts.append(f".{key}" if parts else key)  # a missing field: point at its parent
-            continue
+            continue  # otherwise a union's tag, which the document does not spell out
         parts.append(f"[{key}]" if isinstance(key, int) else (f".{key}" if parts else str(key)))
         node = child
         line = node.start_mark.line + 1

@@ -5,6 +5,8 @@ Every failure becomes an InstrumentError that names the instrument, the command 
 
 from __future__ import annotations
 
+import re
+import socket
 import threading
 import time
 
@@ -45,6 +47,7 @@ class VisaSession:
         self.pace_s = pace_s
         self._last_write = 0.0
         self._lock = threading.RLock()
+        _probe_socket(name, resource, timeout_s)
         try:
             self._res = resource_manager().open_resource(
                 resource,
@@ -107,6 +110,21 @@ class VisaSession:
                 self._res.close()
             except (visa_errors.Error, OSError):
                 pass
+
+
+_SOCKET = re.compile(r"TCPIP\d*::([^:]+)::(\d+)::SOCKET", re.IGNORECASE)
+
+
+def _probe_socket(name: str, resource: str, timeout_s: float) -> None:
+    """pyvisa-py connects raw sockets without waiting for the answer, so a dead instrument would
+    only show at the first query; find out now, and say so plainly."""
+    m = _SOCKET.fullmatch(resource.strip())
+    if not m:
+        return
+    try:
+        socket.create_connection((m.group(1), int(m.group(2))), timeout=timeout_s).close()
+    except OSError as exc:
+        raise InstrumentError(name, f"open {resource}", f"cannot open the instrument: {exc.strerror or exc}") from None
 
 
 def _why(exc: Exception) -> str:

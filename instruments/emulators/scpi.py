@@ -231,7 +231,9 @@ class _LineHandler(socketserver.StreamRequestHandler):
                 return
             if "drop" in device.faults:
                 return
-            reply = device.handle_line(raw.decode("ascii", "replace").rstrip("\r\n"))
+            line = raw.decode("ascii", "replace").rstrip("\r\n")
+            reply = device.handle_line(line)
+            self.server.wire_log.append((line, reply))  # type: ignore[attr-defined]
             if reply is None:
                 continue
             if "stall" in device.faults:
@@ -260,11 +262,18 @@ class TcpScpiServer:
         self._server = _ThreadingServer((host, 0), _LineHandler)
         self._server.device = device  # type: ignore[attr-defined]
         self._server.clients_seen = 0  # type: ignore[attr-defined]
+        # What arrived and what was answered, newest last: lets a test compare a driver's bytes
+        # with a recorded dialogue.
+        self._server.wire_log = collections.deque(maxlen=1000)  # type: ignore[attr-defined]
         self._thread = threading.Thread(target=self._server.serve_forever, name=f"scpi-{device.name}", daemon=True)
 
     @property
     def port(self) -> int:
         return self._server.server_address[1]
+
+    @property
+    def wire_log(self) -> collections.deque:
+        return self._server.wire_log  # type: ignore[attr-defined]
 
     @property
     def resource(self) -> str:

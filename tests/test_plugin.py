@@ -1,0 +1,52 @@
+"""The pytest plugin as a suite author meets it."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import BENCHES
+
+SUITE = """
+from harness.measurements import Spec
+
+def test_measures(measure, optical_switch):
+    optical_switch.disconnect([(1, 20)])
+    measure(Spec("too_slow", "s").at_most(1.0, "made up"), 2.5)
+    measure(Spec("fine", "s").at_most(1.0, "made up"), 0.5)
+
+def test_after(optical_switch, world):
+    assert optical_switch.connections() == {i: e for i, e in world.bench.safety.baseline}
+"""
+
+
+def test_failed_measurement_fails_the_test_after_all_are_recorded(pytester):
+    pytester.makepyfile(test_suite=SUITE)
+    record = pytester.path / "record.jsonl"
+    result = pytester.runpytest("--bench", str(BENCHES / "emulated.yaml"), "--time-scale", "0.1",
+                                "--run-record", str(record), "-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*measurement out of limits*", "*too_slow = 2.5 s: fail (limit <= 1 s; made up)*"])
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert lines[0]["type"] == "run" and lines[0]["bench"] == "emulated-prototype"
+    names = [(m["name"], m["verdict"]) for m in lines if m["type"] == "measurement"]
+    assert names == [("too_slow", "fail"), ("fine", "pass")]
+
+
+def test_hardware_marker_skips_on_an_emulated_bench(pytester):
+    pytester.makepyfile("""
+        import pytest
+        @pytest.mark.hardware
+        def test_needs_the_lab(bench):
+            raise AssertionError("must not run")
+    """)
+    result = pytester.runpytest("--bench", str(BENCHES / "emulated.yaml"))
+    result.assert_outcomes(skipped=1)
+
+
+def test_a_broken_bench_stops_the_run_with_its_problems(pytester):
+    pytester.makepyfile("def test_x(bench): pass")
+    bad = BENCHES.parent / "tests" / "bad_benches" / "04-port-out-of-range.yaml"
+    result = pytester.runpytest("--bench", str(bad))
+    assert result.ret == 4  # pytest's usage error: nothing ran
+    result.stderr.fnmatch_lines(["*04-port-out-of-range.yaml:*: topology.hosts[[]1[]].nics[[]0[]].tx_port: "
+                                 "port 40 is not an ingress port*"])

@@ -1,0 +1,60 @@
+"""Safety: protected ports are never switched; the baseline comes back; one run per bench."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.errors import BenchInUseError, SafetyError
+from harness.lock import BenchLock
+from harness.session import BenchSession
+
+
+def test_protected_port_is_refused_even_when_it_is_the_only_path(bench_cfg):
+    with BenchSession.open(bench_cfg) as session:
+        switch = session.switch
+        with pytest.raises(SafetyError, match=r"port\(s\) \[16\] are protected"):
+            switch.connect([(16, 20)])
+        with pytest.raises(SafetyError, match="protected"):
+            switch.disable_ports([32])
+        switch.disconnect_all()
+        assert switch.connections() == {}
+        assert session.world.events_of("safety.violation") == []
+
+
+def test_restore_keeps_what_sits_on_protected_ports(bench_cfg):
+    with BenchSession.open(bench_cfg) as session:
+        session.world.connect([(16, 32)])  # something outside the harness uses the protected pair
+        session.world.events.clear()
+        session.switch.disconnect([(1, 20)])
+        session.switch.restore_baseline()
+        assert session.switch.connections() == {**dict(bench_cfg.safety.baseline), 16: 32}
+        assert session.world.events_of("safety.violation") == []
+
+
+def test_open_and_close_restore_the_baseline(bench_cfg):
+    session = BenchSession.open(bench_cfg)
+    baseline = dict(bench_cfg.safety.baseline)
+    assert session.switch.connections() == baseline
+    session.switch.disconnect([(1, 20)])
+    session.switch.connect([(7, 20)])
+    world = session.world
+    session.close()
+    assert world.connections() == baseline
+
+
+def test_close_runs_every_step_even_if_one_fails(bench_cfg):
+    session = BenchSession.open(bench_cfg)
+    server = session.emulated.servers["ocs"]
+    session.emulated.emulators["ocs"].faults.add("drop")  # the switch stops answering
+    with pytest.raises(Exception):
+        session.close()
+    assert not session.drivers, "drivers closed"
+    assert server._server.socket.fileno() == -1, "emulators stopped"
+
+
+def test_a_bench_is_locked_by_one_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("LUMION_HIL_LOCK_DIR", str(tmp_path))
+    with BenchLock("lab bench 1"):
+        with pytest.raises(BenchInUseError, match=r"bench 'lab bench 1' is in use by pid \d+"):
+            BenchLock("lab bench 1").acquire()
+    BenchLock("lab bench 1").acquire().release()

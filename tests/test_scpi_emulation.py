@@ -1,0 +1,66 @@
+"""The emulators' SCPI layer: headers, arguments, the error queue."""
+
+from __future__ import annotations
+
+import pytest
+
+from instruments.emulators.scpi import ScpiDevice, ScpiError, parse_channel_list, split_top_level
+
+
+@pytest.fixture
+def device():
+    dev = ScpiDevice("dev")
+    dev.command(":OXC:SWITch:CONNect:STATe?", lambda a: "state")
+    dev.command(":READ#:CHANnel#:POWer?", lambda a, slot, ch: f"{slot}/{ch}")
+    dev.command("*IDN?", lambda a: "Vendor,Model,1,2")
+    dev.command(":SENSe:POWer:UNIT", lambda a: None)
+    return dev
+
+
+@pytest.mark.parametrize("header", [":oxc:swit:conn:stat?", ":OXC:SWITCH:CONNECT:STATE?", "OXC:Switch:Conn:State?",
+                                    ":oXc:SwItCh:CONN:STAT?"])
+def test_short_long_and_any_case(device, header):
+    assert device.handle_line(header) == "state"
+
+
+@pytest.mark.parametrize("header", [":oxc:swi:conn:stat?", ":oxc:switc:conn:stat?", ":oxc:swit:conn:stat"])
+def test_partial_forms_are_undefined_headers(device, header):
+    assert device.handle_line(header) is None
+    assert device.handle_line(":SYST:ERR?") == '-113,"Undefined header"'
+    assert device.handle_line(":SYST:ERR?") == '0,"No error"'
+
+
+def test_numeric_suffixes(device):
+    assert device.handle_line(":READ2:CHAN3:POW?") == "2/3"
+    assert device.handle_line(":read:chan:pow?") == "1/1"
+
+
+def test_several_commands_on_one_line(device):
+    assert device.handle_line("*IDN?;:bogus;:oxc:swit:conn:stat?") == "Vendor,Model,1,2;state"
+    assert device.handle_line(":SYST:ERR:ALL?") == '-113,"Undefined header"'
+
+
+def test_error_queue_is_bounded_and_says_it_overflowed(device):
+    for _ in range(100):
+        device.handle_line(":nonsense")
+    reply = device.handle_line(":SYST:ERR:ALL?")
+    assert reply.count("-113") == 29 and reply.endswith('-350,"Queue overflow"')
+    assert device.handle_line("*CLS") is None
+    assert device.handle_line(":SYST:ERR?") == '0,"No error"'
+
+
+@pytest.mark.parametrize("text,ports", [("(@1,2,3)", [1, 2, 3]), ("(@)", []), ("( @5:7,9 )", [5, 6, 7, 9])])
+def test_channel_lists(text, ports):
+    assert parse_channel_list(text) == ports
+
+
+@pytest.mark.parametrize("text", ["1,2", "(@a)", "(@3:1)", "(@1"])
+def test_bad_channel_lists(text):
+    with pytest.raises(ScpiError) as err:
+        parse_channel_list(text)
+    assert err.value.code == -104
+
+
+def test_split_respects_parentheses_and_quotes():
+    assert split_top_level('(@1,2),(@3,4)', ",") == ["(@1,2)", "(@3,4)"]
+    assert split_top_level('A "x;y";B', ";") == ['A "x;y"', "B"]
