@@ -8,13 +8,35 @@ from instruments.visa import VisaSession
 
 def open_driver(name: str, spec: SwitchInstrument | MeterInstrument, resource: str, *, opc_timeout_s: float = 10.0):
     """Open the driver for a bench instrument at ``resource`` (the real address, or where its
-    emulator listens). The driver does not know, and does not care, which one it is."""
+    emulator listens). The driver does not know, and does not care, which one it is. Meters are
+    set to the bench's wavelength on every channel."""
     if spec.model == "polatis":
         from instruments.polatis import PolatisSwitch
 
         return PolatisSwitch(_visa(name, spec, resource), power_monitors=spec.power_monitors,
                              opc_timeout_s=opc_timeout_s)
-    raise ValueError(f"{name}: no driver for model {spec.model!r} yet")
+    if spec.model == "dicon-matrix":
+        from instruments.dicon import DiconMatrix
+
+        return DiconMatrix(name, resource, ingress=spec.ports[0], egress=spec.ports[1], baud_rate=spec.baud_rate,
+                           timeout_s=max(spec.timeout_s, opc_timeout_s), pace_s=spec.pace_s)
+    if spec.model == "thorlabs-pm100":
+        from instruments.thorlabs_pm100 import ThorlabsPM100
+
+        meter = ThorlabsPM100(_visa(name, spec, resource), opc_timeout_s=opc_timeout_s)
+    elif spec.model == "keysight-n77xx":
+        from instruments.keysight_n77xx import KeysightN77xx
+
+        meter = KeysightN77xx(_visa(name, spec, resource), channels=spec.channels, opc_timeout_s=opc_timeout_s)
+    else:
+        raise ValueError(f"{name}: no driver for model {spec.model!r}")
+    try:
+        for channel in range(1, meter.channels + 1):
+            meter.set_wavelength_nm(spec.wavelength_nm, channel)
+    except BaseException:
+        meter.close()
+        raise
+    return meter
 
 
 def _visa(name: str, spec, resource: str) -> VisaSession:

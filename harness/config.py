@@ -152,6 +152,7 @@ class NicPort(_Model):
     tx_fibre_loss_db: NonNegativeFloat = 0.0
     rx_fibre_loss_db: NonNegativeFloat = 0.0
     interface: str | None = Field(None, description="Linux interface name on the host, e.g. ens1f0")
+    wavelength_nm: PositiveFloat = Field(1310.0, description="transmitter wavelength (10GBASE-LR: 1310 nm)")
 
 
 class Host(_Model):
@@ -242,8 +243,12 @@ class Bench(_Model):
     def nic_on_tx_port(self, ingress: int) -> tuple[Host, NicPort] | None:
         return next(((h, n) for h, n in self.nic_ports() if n.tx_port == ingress), None)
 
-    def detector_for_port(self, port: int) -> Detector | None:
-        return next((d for d in self.detectors if d.port == port), None)
+    def detectors_for_port(self, port: int) -> list[Detector]:
+        return [d for d in self.detectors if d.port == port]
+
+    def meter_detector_for_port(self, port: int) -> Detector | None:
+        """A detector on a power meter (not a switch monitor) watching this port."""
+        return next((d for d in self.detectors if d.port == port and d.instrument != self.topology.switch), None)
 
     def problems(self) -> list[BenchProblem]:
         """Checks across fields that a field validator cannot see."""

@@ -32,3 +32,9 @@ def switch_completion(bench: Bench, connections: int) -> Spec:
         connections * per.value + overhead.value,
         f"{connections} x {per.value:g} s ({per.source}) + {overhead.value:g} s ({overhead.source})",
     ).with_marginal(bench.limits.marginal_fraction)
+
+
+def light_arrival(bench: Bench) -> Spec:
+    completion = switch_completion(bench, 1)
+    return Spec("light_arrival_time", "s", description="switch command to the receiver's sensitivity at the detector",
+                high=completion.high, source=completion.source, marginal_fraction=bench.limits.marginal_fraction)

@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from instruments.protocols import OutOfRange
+
 
 class Verdict(str, enum.Enum):
     PASS = "pass"
@@ -39,7 +41,11 @@ class Spec:
     def with_marginal(self, fraction: float) -> "Spec":
         return replace(self, marginal_fraction=fraction)
 
-    def judge(self, value: float | None) -> Verdict:
+    def judge(self, value) -> Verdict:
+        if isinstance(value, OutOfRange):
+            # Below the meter's range satisfies an upper limit and nothing else; above, nothing.
+            only_high = self.low is None and self.high is not None
+            return Verdict.PASS if value.direction == "under" and only_high else Verdict.FAIL
         if value is None or not math.isfinite(value):
             return Verdict.FAIL
         if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
@@ -77,13 +83,20 @@ class Measurement:
         return self.verdict is not Verdict.FAIL
 
     def describe(self) -> str:
-        shown = "invalid" if self.value is None or not math.isfinite(self.value) else f"{self.value:.6g} {self.spec.unit}"
+        if isinstance(self.value, OutOfRange):
+            shown = f"{self.value} of the meter"
+        elif self.value is None or not math.isfinite(self.value):
+            shown = "invalid"
+        else:
+            shown = f"{self.value:.6g} {self.spec.unit}"
         return (f"{self.spec.name} = {shown}: {self.verdict.value} (limit {self.spec.limit_text()}"
                 f"{'; ' + self.spec.source if self.spec.source else ''})")
 
     def to_dict(self) -> dict[str, Any]:
-        value = self.value if self.value is None or math.isfinite(self.value) else None
+        out_of_range = self.value.direction if isinstance(self.value, OutOfRange) else None
+        value = None if out_of_range or self.value is None or not math.isfinite(self.value) else self.value
         return {
+            **({"out_of_range": out_of_range} if out_of_range else {}),
             "name": self.spec.name,
             "value": value,
             "unit": self.spec.unit,

@@ -13,6 +13,7 @@ from harness.config import Bench, Detector, MeterInstrument, SwitchInstrument
 from harness.lock import BenchLock
 from harness.safety import GuardedSwitch
 from harness.timeline import Timeline
+from instruments.protocols import OutOfRange
 
 log = logging.getLogger("lumion_hil")
 
@@ -63,14 +64,14 @@ class BenchSession:
         if restore:
             self.restore_baseline()
 
-    def detector_dbm(self, detector: Detector) -> float:
+    def detector_dbm(self, detector: Detector) -> "float | OutOfRange":
         """Optical power at the port a detector watches, corrected for its tap loss."""
         with self.timeline.span("detector.read", detector=detector.name):
             if detector.instrument == self.bench.topology.switch:
                 reading = self.switch.port_power_dbm([detector.port])[detector.port]
             else:
                 reading = self.meters[detector.instrument].read_dbm(detector.channel)
-        return reading + detector.tap_loss_db
+        return reading + detector.tap_loss_db if isinstance(reading, float) else reading
 
     def restore_baseline(self) -> None:
         if self.switch is not None:

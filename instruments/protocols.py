@@ -102,3 +102,139 @@ class OpticalSwitch(abc.ABC):
 
     def close(self) -> None:
         """Release the connection to the instrument."""
+
+
+# --- power meters -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OutOfRange:
+    """A reading the meter could not make: over its range or under it. Deliberately not a float,
+    so it cannot sail through a comparison; ``direction`` is "over" or "under"."""
+
+    direction: str
+    raw: str = ""
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return f"{self.direction} range ({self.raw})" if self.raw else f"{self.direction} range"
+
+
+Reading = float | OutOfRange
+
+
+@dataclass
+class PowerTrace:
+    """Timestamped readings of one meter channel, on the harness clock (perf_counter_ns).
+
+    ``method`` says how it was taken: "hardware-logging" (the meter timed the samples) or
+    "polled" (each sample is one query, timed by the harness). ``start_uncertainty_ns`` bounds
+    how well the first sample's time is known; each sample also spans ``interval_s``."""
+
+    channel: int
+    times_ns: list[int]
+    values_dbm: list[Reading]
+    method: str
+    interval_s: float
+    start_uncertainty_ns: int = 0
+
+    def first_at_or_above(self, threshold_dbm: float, after_ns: int | None = None) -> int | None:
+        for t, v in zip(self.times_ns, self.values_dbm):
+            if (after_ns is None or t >= after_ns) and isinstance(v, float) and v >= threshold_dbm:
+                return t
+        return None
+
+    def resolution_ns(self) -> int:
+        """How finely a change can be placed in time: one sample interval plus the start's
+        uncertainty (hardware logging), or the largest gap between samples (polling)."""
+        if self.method == "hardware-logging":
+            return int(self.interval_s * 1e9) + self.start_uncertainty_ns
+        gaps = [b - a for a, b in zip(self.times_ns, self.times_ns[1:])]
+        return max(gaps) if gaps else 0
+
+
+class PowerMeter(abc.ABC):
+    """An optical power meter with one or more channels (numbered from 1)."""
+
+    name: str
+    channels: int = 1
+
+    @abc.abstractmethod
+    def identify(self) -> Identity: ...
+
+    @abc.abstractmethod
+    def set_wavelength_nm(self, wavelength_nm: float, channel: int = 1) -> None: ...
+
+    @abc.abstractmethod
+    def wavelength_nm(self, channel: int = 1) -> float: ...
+
+    @abc.abstractmethod
+    def read_dbm(self, channel: int = 1) -> Reading:
+        """One reading in dBm, or OutOfRange."""
+
+    @property
+    def hardware_logging(self) -> bool:
+        return False
+
+    def start_trace(self, channel: int, duration_s: float, interval_s: float):
+        """Begin a trace; :meth:`finish_trace` returns it. Meters without hardware logging poll
+        as fast as they answer, in a background thread, and say so in the trace."""
+        return _PolledTrace(self, channel, duration_s).start()
+
+    def finish_trace(self, handle, timeout_s: float | None = None) -> PowerTrace:
+        return handle.finish(timeout_s)
+
+    def trace(self, channel: int, duration_s: float, interval_s: float) -> PowerTrace:
+        return self.finish_trace(self.start_trace(channel, duration_s, interval_s))
+
+    def close(self) -> None:
+        """Release the connection to the instrument."""
+
+
+class _PolledTrace:
+    def __init__(self, meter: PowerMeter, channel: int, duration_s: float):
+        import threading
+
+        self.meter, self.channel, self.duration_s = meter, channel, duration_s
+        self.times: list[int] = []
+        self.values: list[Reading] = []
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"trace-{meter.name}")
+
+    def start(self) -> "_PolledTrace":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        import time
+
+        end = time.perf_counter_ns() + int(self.duration_s * 1e9)
+        try:
+            while True:
+                sent = time.perf_counter_ns()
+                if sent >= end:
+                    return
+                value = self.meter.read_dbm(self.channel)
+                got = time.perf_counter_ns()
+                self.times.append((sent + got) // 2)  # the reading was made between the two
+                self.values.append(value)
+        except BaseException as exc:  # surfaced by finish()
+            self.error = exc
+
+    def finish(self, timeout_s: float | None = None) -> PowerTrace:
+        self._thread.join(timeout_s if timeout_s is not None else self.duration_s + 30)
+        if self._thread.is_alive():
+            raise InstrumentError(self.meter.name, "polled trace", "polling did not finish in time")
+        if self.error is not None:
+            raise self.error
+        gaps = [b - a for a, b in zip(self.times, self.times[1:])]
+        interval = (sum(gaps) / len(gaps) / 1e9) if gaps else 0.0
+        return PowerTrace(self.channel, self.times, self.values, "polled", interval)
+
+
+def watts_to_dbm(watts: float) -> float:
+    import math
+
+    return 10 * math.log10(watts * 1000) if watts > 0 else -math.inf

@@ -36,14 +36,31 @@ class EmulatedBench:
         return self
 
     def _serve(self, name: str, spec, seed: int):
-        from instruments.emulators.scpi import TcpScpiServer
+        """The emulator for a model, on the transport its real instrument uses (the USB meter
+        excepted: served on TCP, see its emulator)."""
+        from instruments.emulators.scpi import PtyLineServer, TcpScpiServer
 
         if spec.model == "polatis":
             from instruments.emulators.polatis import PolatisEmulator
 
             device = PolatisEmulator(name, spec, self.world, seed=seed)
             return device, TcpScpiServer(device)
-        raise ValueError(f"{name}: no emulator for model {spec.model!r} yet")
+        if spec.model == "keysight-n77xx":
+            from instruments.emulators.keysight_n77xx import KeysightN77xxEmulator
+
+            device = KeysightN77xxEmulator(name, spec, self.world, self.bench, seed=seed)
+            return device, TcpScpiServer(device)
+        if spec.model == "thorlabs-pm100":
+            from instruments.emulators.thorlabs_pm100 import ThorlabsPM100Emulator
+
+            device = ThorlabsPM100Emulator(name, spec, self.world, self.bench, seed=seed)
+            return device, TcpScpiServer(device)
+        if spec.model == "dicon-matrix":
+            from instruments.emulators.dicon import DiconEmulator
+
+            device = DiconEmulator(name, spec, self.world, seed=seed)
+            return device, PtyLineServer(device.handle_line, name, eol=b"\n")
+        raise ValueError(f"{name}: no emulator for model {spec.model!r}")
 
     def stop(self) -> None:
         for server in self.servers.values():

@@ -122,6 +122,28 @@ def parse_channel_list(text: str) -> list[int]:
     return out
 
 
+def ieee_block(payload: bytes) -> bytes:
+    """IEEE 488.2 definite-length block: #<digits><length><payload>."""
+    length = str(len(payload))
+    return f"#{len(length)}{length}".encode("ascii") + payload
+
+
+def parse_number(text: str, unit: str = "") -> float:
+    """A numeric argument with an optional unit suffix: ``1550nm``, ``100 MS``, ``1e-4s``."""
+    import re as _re
+
+    m = _re.fullmatch(r"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*", text)
+    if not m:
+        raise ScpiError(*DATA_TYPE_ERROR)
+    value, suffix = float(m.group(1)), m.group(2).upper()
+    scale = {"": 1.0, "M": 1e-3, "U": 1e-6, "N": 1e-9, "P": 1e-12}  # SCPI: M is milli
+    if unit and suffix.endswith(unit.upper()):
+        suffix = suffix[: -len(unit)]
+    if suffix not in scale:
+        raise ScpiError(-131, "Invalid suffix")
+    return value * scale[suffix]
+
+
 def format_channel_list(ports) -> str:
     return "(@" + ",".join(str(p) for p in ports) + ")"
 
@@ -180,7 +202,7 @@ class ScpiDevice:
 
     # -- dispatch -------------------------------------------------------------------------------
 
-    def handle_line(self, line: str) -> str | None:
+    def handle_line(self, line: str) -> str | bytes | None:
         """Run one line of commands; return the reply line (None when nothing is to be said)."""
         self.lines_seen += 1
         if self.command_latency_s:
@@ -197,7 +219,11 @@ class ScpiDevice:
                 continue
             if reply is not None:
                 replies.append(reply)
-        return ";".join(replies) if replies else None
+        if not replies:
+            return None
+        if any(isinstance(r, bytes) for r in replies):  # an IEEE 488.2 block among the answers
+            return b";".join(r if isinstance(r, bytes) else r.encode("ascii") for r in replies)
+        return ";".join(replies)
 
     def _dispatch(self, text: str) -> str | None:
         header, _, args = text.partition(" ")
@@ -240,7 +266,8 @@ class _LineHandler(socketserver.StreamRequestHandler):
                 continue
             if "garbage" in device.faults:
                 reply = "\x7f#!garbage?%"
-            self.wfile.write(reply.encode("ascii", "replace") + b"\n")
+            data = reply if isinstance(reply, bytes) else reply.encode("ascii", "replace")
+            self.wfile.write(data + b"\n")
             self.wfile.flush()
 
 

@@ -63,6 +63,7 @@ class _Source:
     launch_dbm: float
     tx_fibre_loss_db: float
     owner: str
+    wavelength_nm: float = 1310.0
 
 
 @dataclass
@@ -109,7 +110,7 @@ class World:
         self.sinks: dict[int, _Sink] = {}
         for host, nic in bench.nic_ports():
             owner = f"{host.name}.{nic.name}"
-            self.sources[nic.tx_port] = _Source(nic.launch_dbm, nic.tx_fibre_loss_db, owner)
+            self.sources[nic.tx_port] = _Source(nic.launch_dbm, nic.tx_fibre_loss_db, owner, nic.wavelength_nm)
             self.sinks[nic.rx_port] = _Sink(nic.rx_fibre_loss_db, owner)
         self.circuits: list[Circuit] = []
         self._busy_until_ns = 0
@@ -315,6 +316,28 @@ class World:
         if power is None or sink is None:
             return power
         return power - sink.rx_fibre_loss_db
+
+    def wavelength_at(self, port: int, t_ns: int | None = None) -> float | None:
+        """Wavelength of the light at a port (None when dark)."""
+        t = self.now_ns() if t_ns is None else t_ns
+        with self.lock:
+            if port in self.sources:
+                return self.sources[port].wavelength_nm
+            circuit = next((c for c in self.circuits if c.egress == port and c.lit_at(t)), None)
+            return self.sources[circuit.ingress].wavelength_nm if circuit and circuit.ingress in self.sources else None
+
+    def mean_power_mw(self, port: int, t0_ns: int, t1_ns: int, samples: int = 32) -> float:
+        """Mean optical power over [t0, t1] in mW (what an averaging detector integrates);
+        dark counts as zero."""
+        if t1_ns <= t0_ns:
+            power = self.port_power_dbm(port, t0_ns)
+            return 0.0 if power is None else 10 ** (power / 10)
+        step = (t1_ns - t0_ns) / samples
+        total = 0.0
+        for i in range(samples):
+            power = self.port_power_dbm(port, int(t0_ns + (i + 0.5) * step))
+            total += 0.0 if power is None else 10 ** (power / 10)
+        return total / samples
 
     def light_changes(self, port: int, since_ns: int) -> list[int]:
         """Instants after ``since_ns`` at which the light at a port may change (known so far)."""

@@ -1,0 +1,130 @@
+"""DiCon-style serial matrix optical switch (RS-232, 115200 8N1, lines end in \\n).
+
+``X1 CH <in> <out>`` connects, ``X1 CH? <in>`` answers the output an input is on (0: parked),
+``X1 CH * 0`` parks all. Assumed where public documents are silent, and checked by reading back:
+set commands answer nothing, and the switch handles one command at a time, so the answer to the
+``CH?`` that follows a move comes once the mirror has settled (that answer is the completion
+signal). A move whose read-back differs is an error naming both.
+
+Bench port numbers follow the optical-switch convention (ingress 1..N, egress N+1..N+M); on the
+wire outputs are 1..M, so the driver maps between them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Iterable
+
+import serial
+
+from instruments.protocols import Identity, InstrumentError, OpticalSwitch, Pairs, PortState, as_pairs
+
+
+class DiconMatrix(OpticalSwitch):
+    def __init__(self, name: str, port: str, *, ingress: int, egress: int, baud_rate: int = 115200,
+                 timeout_s: float = 5.0, pace_s: float = 0.0, module: int = 1):
+        self.name = name
+        self.ingress, self.egress = ingress, egress
+        self.module = module
+        self.pace_s = pace_s
+        self._lock = threading.RLock()
+        self._last = 0.0
+        device = port.removeprefix("ASRL").removesuffix("::INSTR")
+        try:
+            self._serial = serial.Serial(device, baudrate=baud_rate, bytesize=8, parity="N", stopbits=1,
+                                         timeout=timeout_s, write_timeout=timeout_s)
+        except (serial.SerialException, OSError, ValueError) as exc:
+            raise InstrumentError(name, f"open {device}", f"cannot open the serial port: {exc}") from None
+
+    # -- wire -------------------------------------------------------------------------------------
+
+    def _write(self, line: str) -> None:
+        if self.pace_s:
+            wait = self._last + self.pace_s - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)  # firmware pacing rule, not a completion wait
+        self._last = time.perf_counter()
+        try:
+            self._serial.write(line.encode("ascii") + b"\n")
+        except (serial.SerialException, OSError) as exc:
+            raise InstrumentError(self.name, line, f"write failed: {exc}") from None
+
+    def _query(self, line: str) -> str:
+        with self._lock:
+            self._serial.reset_input_buffer()  # a stray line must not pass for this answer
+            self._write(line)
+            try:
+                raw = self._serial.readline()
+            except (serial.SerialException, OSError) as exc:
+                raise InstrumentError(self.name, line, f"read failed: {exc}") from None
+            if not raw.endswith(b"\n"):
+                raise InstrumentError(self.name, line, "no valid reply: timed out waiting for the instrument",
+                                      raw.decode("ascii", "replace") or None)
+            return raw.decode("ascii", "replace").strip()
+
+    def _output_of(self, ingress: int) -> int:
+        command = f"X{self.module} CH? {ingress}"
+        reply = self._query(command)
+        if not reply.isdigit():
+            raise InstrumentError(self.name, command, "unexpected reply (expected an output number)", reply)
+        return int(reply)
+
+    def _to_wire(self, ingress: int, egress: int) -> tuple[int, int]:
+        if not 1 <= ingress <= self.ingress:
+            raise InstrumentError(self.name, f"connect {ingress}->{egress}", f"{ingress} is not an ingress port")
+        if not self.ingress < egress <= self.ingress + self.egress:
+            raise InstrumentError(self.name, f"connect {ingress}->{egress}", f"{egress} is not an egress port")
+        return ingress, egress - self.ingress
+
+    def _move(self, ingress: int, wire_out: int) -> None:
+        command = f"X{self.module} CH {ingress} {wire_out}"
+        with self._lock:
+            self._write(command)
+            now_on = self._output_of(ingress)
+        if now_on != wire_out:
+            raise InstrumentError(self.name, command, f"read back output {now_on}, expected {wire_out}")
+
+    # -- OpticalSwitch ----------------------------------------------------------------------------
+
+    def identify(self) -> Identity:
+        reply = self._query("*IDN?")
+        parts = [p.strip() for p in reply.split(",")]
+        if len(parts) != 4:
+            raise InstrumentError(self.name, "*IDN?", "unexpected reply (expected vendor,model,serial,firmware)", reply)
+        return Identity(*parts)
+
+    def size(self) -> tuple[int, int]:
+        return self.ingress, self.egress
+
+    def connections(self) -> dict[int, int]:
+        out = {}
+        for ingress in range(1, self.ingress + 1):
+            wire = self._output_of(ingress)
+            if wire:
+                out[ingress] = wire + self.ingress
+        return out
+
+    def connect(self, pairs: Pairs) -> None:
+        for ingress, egress in as_pairs(pairs):
+            self._move(*self._to_wire(ingress, egress))
+
+    def disconnect(self, pairs: Pairs) -> None:
+        for ingress, egress in as_pairs(pairs):
+            self._to_wire(ingress, egress)
+            self._move(ingress, 0)
+
+    def disconnect_all(self) -> None:
+        with self._lock:
+            self._write(f"X{self.module} CH * 0")
+            if self.connections():
+                raise InstrumentError(self.name, f"X{self.module} CH * 0", "outputs still connected after parking all")
+
+    def port_states(self, ports: Iterable[int]) -> dict[int, PortState]:
+        return {int(p): PortState.ENABLED for p in ports}  # no shutters on this switch
+
+    def close(self) -> None:
+        try:
+            self._serial.close()
+        except (serial.SerialException, OSError):
+            pass

@@ -1,0 +1,21 @@
+"""Helpers the suites share for reading light the way a receiver would see it."""
+
+from __future__ import annotations
+
+from harness.config import Detector
+
+
+def received_dbm(bench, detector: Detector):
+    """Power at the receiver fed by the detector's port: the port's power less the receive
+    fibre. An out-of-range reading is passed on as it is (never as a number)."""
+    port_dbm = bench.detector_dbm(detector)
+    nic = bench.bench.nic_on_rx_port(detector.port)
+    rx_loss = nic[1].rx_fibre_loss_db if nic else 0.0
+    return port_dbm - rx_loss if isinstance(port_dbm, float) else port_dbm
+
+
+def light_threshold_reading_dbm(bench_file, detector: Detector) -> float:
+    """The meter reading at which the receiver behind the port reaches its sensitivity."""
+    nic = bench_file.nic_on_rx_port(detector.port)
+    rx_loss = nic[1].rx_fibre_loss_db if nic else 0.0
+    return bench_file.limits.receiver_sensitivity_dbm.value + rx_loss - detector.tap_loss_db
