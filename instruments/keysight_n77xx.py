@@ -85,11 +85,12 @@ class KeysightN77xx(ScpiInstrument, PowerMeter):
         self.send(f":SENS{channel}:FUNC:PAR:LOGG {count},{interval_s:g}s")
         command = f":SENS{channel}:FUNC:STAT LOGG,STAR"
         sent = time.perf_counter_ns()
-        self.session.write(command)
         # The meter starts logging when it handles the command: after `sent`, before the
-        # answer to the query that follows it arrives.
-        self.ask("*OPC?")
+        # answer to the *OPC? on the same line arrives.
+        reply = self.session.query(f"{command};*OPC?")
         answered = time.perf_counter_ns()
+        if reply.strip() != "1":
+            raise InstrumentError(self.name, f"{command};*OPC?", "logging start did not complete", reply)
         self.check_errors(command)
         return {"channel": channel, "count": count, "interval_s": interval_s,
                 "start_ns": sent, "uncertainty_ns": answered - sent}

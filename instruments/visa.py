@@ -57,6 +57,8 @@ class VisaSession:
             )
         except (visa_errors.Error, OSError, ValueError) as exc:
             raise InstrumentError(name, f"open {resource}", f"cannot open the instrument: {exc}") from None
+        if _SOCKET.fullmatch(resource.strip()):
+            _no_delay(self._res)
 
     def _pace(self) -> None:
         if self.pace_s:
@@ -113,6 +115,20 @@ class VisaSession:
 
 
 _SOCKET = re.compile(r"TCPIP\d*::([^:]+)::(\d+)::SOCKET", re.IGNORECASE)
+
+
+def _no_delay(res) -> None:
+    """Turn off Nagle's algorithm: otherwise a short command followed at once by a query waits
+    for the peer's delayed ACK (about 40 ms on Linux). pyvisa-py 0.8.1 maps the setter of
+    VI_ATTR_TCPIP_NODELAY to a stub that raises, so set the option on its socket directly."""
+    try:
+        res.set_visa_attribute(constants.ResourceAttribute.tcpip_nodelay, constants.VI_TRUE)
+        return
+    except Exception:  # the pyvisa-py bug above; fall through
+        pass
+    interface = getattr(res.visalib.sessions.get(res.session), "interface", None)
+    if isinstance(interface, socket.socket):
+        interface.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def _probe_socket(name: str, resource: str, timeout_s: float) -> None:

@@ -6,6 +6,8 @@ averages the light over [start + i*T, start + (i+1)*T] from the world's history,
 shows a switch's transition where the world says it happened. ``FUNC:STAT?`` answers
 ``LOGGING_STABILITY,PROGRESS`` while it runs and ``LOGGING_STABILITY,COMPLETE`` after
 (the strings public scripts wait on; ``NONE,COMPLETE`` when no function ran: assumption).
+Averaging and logging times are settings the user chose: they are honoured exactly, never
+scaled by the bench's time scale (which shortens the emulator's own latencies only).
 Changing a setting of a logging channel stops its run. Over range (fault ``out_of_range``):
 readings are the 9.91E37 sentinel.
 """
@@ -147,7 +149,7 @@ class KeysightN77xxEmulator(ScpiDevice):
         if chan != 1:
             raise ScpiError(-241, "Hardware missing")
         ch = self._ch(slot)
-        window = self.world.scaled_ns(ch.atime_s)
+        window = int(ch.atime_s * 1e9)
         t0 = self.world.now_ns()
         time.sleep(window / 1e9)  # the head integrates for its averaging time before it answers
         return keysight_float(self._value(ch, ch.head.read_dbm(t0, t0 + window)))
@@ -165,7 +167,7 @@ class KeysightN77xxEmulator(ScpiDevice):
             ch.log_start_ns, ch.function = None, "NONE"
 
     def _finished(self, ch: _Channel) -> bool:
-        end = ch.log_start_ns + ch.log_count * self.world.scaled_ns(ch.log_atime_s)
+        end = ch.log_start_ns + ch.log_count * int(ch.log_atime_s * 1e9)
         return self.world.now_ns() >= end
 
     def _state(self, args: str, n: int) -> str:
@@ -178,7 +180,7 @@ class KeysightN77xxEmulator(ScpiDevice):
         ch = self._ch(n)
         if ch.log_start_ns is None or not self._finished(ch):
             raise ScpiError(-230, "Data corrupt or stale")
-        step = self.world.scaled_ns(ch.log_atime_s)
+        step = int(ch.log_atime_s * 1e9)
         start = ch.log_start_ns
         values = [self._value(ch, ch.head.read_dbm(start + i * step, start + (i + 1) * step))
                   for i in range(ch.log_count)]

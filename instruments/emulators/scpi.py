@@ -292,7 +292,9 @@ class TcpScpiServer:
         # What arrived and what was answered, newest last: lets a test compare a driver's bytes
         # with a recorded dialogue.
         self._server.wire_log = collections.deque(maxlen=1000)  # type: ignore[attr-defined]
-        self._thread = threading.Thread(target=self._server.serve_forever, name=f"scpi-{device.name}", daemon=True)
+        # A short poll interval: stopping a bench should not wait half a second per instrument.
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
+                                        name=f"scpi-{device.name}", daemon=True)
 
     @property
     def port(self) -> int:
