@@ -201,6 +201,31 @@ def bench_schema(output: Path | None) -> None:
         click.echo(text)
 
 
+# --- nccl ----------------------------------------------------------------------------------------
+
+
+@main.group()
+def nccl() -> None:
+    """Work with nccl-tests output."""
+
+
+@nccl.command("parse")
+@click.argument("file", type=click.File("r"))
+def nccl_parse(file) -> None:
+    """Parse nccl-tests output (text from any version, or the JSON of -J) and print it as JSON:
+    sizes, times in microseconds, algbw and busbw in GB/s, wrong counts, the average. FILE may
+    be - for standard input."""
+    import json
+
+    from instruments.gpu_host.nccl import NcclParseError, parse
+
+    try:
+        result = parse(file.read(), file.name)
+    except NcclParseError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(result.to_dict(), indent=1))
+
+
 def _load_or_exit(path: Path, time_scale: float | None):
     try:
         return load_bench(path, time_scale=time_scale)

@@ -155,11 +155,40 @@ class NicPort(_Model):
     wavelength_nm: PositiveFloat = Field(1310.0, description="transmitter wavelength (10GBASE-LR: 1310 nm)")
 
 
+class HostEmulation(_Model):
+    """How an emulated host's links and GPUs behave. Used only when its address is ``emulated``."""
+
+    lock_time_s: NonNegativeFloat = Field(0.005, description="light at the receiver to CDR lock")
+    link_up_time_s: NonNegativeFloat = Field(0.1, description="lock to carrier up as the OS reports it")
+    agent_latency_s: NonNegativeFloat = 0.0
+
+
 class Host(_Model):
     name: str
     address: str = Field(EMULATED, description="'emulated', 'local', or an ssh destination")
+    python: str = Field("python3", description="interpreter that runs the agent on the host")
     gpus: list[Gpu] = Field(min_length=1)
     nics: list[NicPort] = Field(min_length=1)
+    emulation: HostEmulation = HostEmulation()
+
+    @property
+    def emulated(self) -> bool:
+        return self.address == EMULATED
+
+
+class Job(_Model):
+    """The training job the suites run and recover: its ranks in order, and its command."""
+
+    ranks: list[str] = Field(min_length=1, description="host names, rank 0 first")
+    command: list[str] = Field(
+        default=[], description="argv template; {rank} {world_size} {gpu} {master_addr} {master_port} "
+        "{heartbeat} are filled in. Empty: the emulated training job")
+    master_port: PositiveInt = 29500
+    heartbeat_dir: str = Field("/tmp/lumion-hil", description="where each rank writes its heartbeat file")
+    # The emulated job's model of one data-parallel step (bench files say where they come from).
+    gradient_bytes: PositiveFloat = 2.47e9
+    compute_time_s: NonNegativeFloat = 0.3
+    startup_time_s: NonNegativeFloat = 1.0
 
 
 class Topology(_Model):
@@ -217,6 +246,7 @@ class Bench(_Model):
     topology: Topology
     detectors: list[Detector] = []
     limits: Limits
+    job: Job | None = None
     deadlines: Deadlines = Deadlines()
     safety: Safety = Safety()
 
@@ -228,14 +258,24 @@ class Bench(_Model):
 
     @property
     def any_emulated(self) -> bool:
-        return any(i.emulated for i in self.instruments.values())
+        return any(i.emulated for i in self.instruments.values()) or self.any_emulated_host
 
     @property
     def all_emulated(self) -> bool:
-        return all(i.emulated for i in self.instruments.values())
+        return all(i.emulated for i in self.instruments.values()) and all(h.emulated for h in self.topology.hosts)
 
     def nic_ports(self) -> list[tuple[Host, NicPort]]:
         return [(h, n) for h in self.topology.hosts for n in h.nics]
+
+    def host(self, name: str) -> Host:
+        for h in self.topology.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(f"no host named {name!r} in bench {self.name!r}")
+
+    @property
+    def any_emulated_host(self) -> bool:
+        return any(h.emulated for h in self.topology.hosts)
 
     def nic_on_rx_port(self, egress: int) -> tuple[Host, NicPort] | None:
         return next(((h, n) for h, n in self.nic_ports() if n.rx_port == egress), None)
@@ -281,6 +321,13 @@ class Bench(_Model):
                     if port in used_ports:
                         bad(f"{where}.{field}", f"port {port} is already used by {used_ports[port]}")
                     used_ports[port] = owner
+
+        if self.job is not None:
+            hosts = {h.name for h in self.topology.hosts}
+            for ri, rank_host in enumerate(self.job.ranks):
+                if rank_host not in hosts:
+                    bad(f"job.ranks[{ri}]", f"no host named {rank_host!r}")
+            _unique(bad, "job.ranks", self.job.ranks, "rank host")
 
         for di, det in enumerate(self.detectors):
             inst = self.instruments.get(det.instrument)

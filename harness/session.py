@@ -13,6 +13,7 @@ from harness.config import Bench, Detector, MeterInstrument, SwitchInstrument
 from harness.lock import BenchLock
 from harness.safety import GuardedSwitch
 from harness.timeline import Timeline
+from instruments.gpu_host.client import AgentClient, local_agent_argv, ssh_agent_argv
 from instruments.protocols import OutOfRange
 
 log = logging.getLogger("lumion_hil")
@@ -25,6 +26,7 @@ class BenchSession:
     switch: GuardedSwitch | None = None
     meters: dict[str, Any] = field(default_factory=dict)
     drivers: dict[str, Any] = field(default_factory=dict)
+    hosts: dict[str, AgentClient] = field(default_factory=dict)
     emulated: Any = None  # an EmulatedBench when any instrument is emulated
     resources: dict[str, str] = field(default_factory=dict)
     _lock: BenchLock | None = None
@@ -61,8 +63,46 @@ class BenchSession:
                 self.switch = GuardedSwitch(recorded, self.bench.safety.protected_ports, self.bench.safety.baseline)
             elif isinstance(spec, MeterInstrument):
                 self.meters[name] = recorded
+        for host in self.bench.topology.hosts:
+            self.hosts[host.name] = AgentClient(host.name, self._agent_argv(host), timeout_s=self.bench.deadlines.opc_s)
         if restore:
             self.restore_baseline()
+
+    def _agent_argv(self, host) -> list[str]:
+        if host.emulated:
+            return self.emulated.agent_argv(host.name)
+        if host.address == "local":
+            return local_agent_argv(host.python)
+        return ssh_agent_argv(host.address, host.python)
+
+    def job_command(self, ranks: list[str]) -> list[str]:
+        """The job's argv template for these ranks: the bench's own command, or on an emulated
+        bench without one, the emulated training job."""
+        job = self.bench.job
+        if job is None:
+            raise ValueError(f"bench {self.bench.name!r} has no job section")
+        if job.command:
+            return list(job.command)
+        if self.emulated is None or self.emulated.world_service is None:
+            raise ValueError(f"bench {self.bench.name!r}: job.command is empty and its hosts are not emulated")
+        return self.emulated.job_argv(ranks)
+
+    def start_job(self, ranks: list[str]) -> dict[str, dict]:
+        """Start every rank of the job on its host (rank 0 is the master)."""
+        job = self.bench.job
+        command = self.job_command(ranks)
+        master = self.bench.host(ranks[0])
+        started = {}
+        for rank, host_name in enumerate(ranks):
+            fields = {"rank": rank, "world_size": len(ranks), "gpu": 0, "master_port": job.master_port,
+                      "master_addr": "127.0.0.1" if master.emulated or master.address == "local" else master.address.split("@")[-1],
+                      "heartbeat": f"{job.heartbeat_dir}/rank{rank}.jsonl"}
+            started[host_name] = self.hosts[host_name].start_job(command, fields)
+        return started
+
+    def stop_job(self) -> None:
+        for host in self.hosts.values():
+            host.stop_job()
 
     def detector_dbm(self, detector: Detector) -> "float | OutOfRange":
         """Optical power at the port a detector watches, corrected for its tap loss."""
@@ -83,7 +123,9 @@ class BenchSession:
         Every step runs even if an earlier one fails; the first failure is raised at the end."""
         failure: BaseException | None = None
         steps = [self.restore_baseline] if restore else []
+        steps += [h.stop_job for h in self.hosts.values()]
         steps += [d.close for d in self.drivers.values()]
+        steps += [h.close for h in self.hosts.values()]
         if self.emulated is not None:
             steps.append(self.emulated.stop)
         if self._lock is not None:
@@ -95,6 +137,7 @@ class BenchSession:
                 log.error("bench %s: clean-up step %s failed: %s", self.bench.name, getattr(step, "__name__", step), exc)
                 failure = failure or exc
         self.drivers.clear()
+        self.hosts.clear()
         if failure is not None:
             raise failure
 

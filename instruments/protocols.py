@@ -238,3 +238,56 @@ def watts_to_dbm(watts: float) -> float:
     import math
 
     return 10 * math.log10(watts * 1000) if watts > 0 else -math.inf
+
+
+# --- GPU hosts --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClockMapping:
+    """host clock - harness clock, and how well it is known (half the best round trip)."""
+
+    offset_ns: int
+    uncertainty_ns: int
+
+    def to_harness(self, host_ns: int) -> int:
+        return host_ns - self.offset_ns
+
+
+class GpuHost(abc.ABC):
+    """A GPU host: its GPUs' health and XID events, its NICs' links, and its rank of the job.
+    Times it returns are on the harness clock, with the mapping's uncertainty."""
+
+    name: str
+    clock: ClockMapping
+
+    @abc.abstractmethod
+    def devices(self) -> list[dict]: ...
+
+    @abc.abstractmethod
+    def health(self) -> list[dict]: ...
+
+    @abc.abstractmethod
+    def wait_xid(self, timeout_s: float) -> dict | None:
+        """The next XID critical error: ``{"xid", "uuid", "t_ns" (harness), "uncertainty_ns"}``."""
+
+    @abc.abstractmethod
+    def links(self) -> list[dict]: ...
+
+    @abc.abstractmethod
+    def wait_link(self, interface: str, up: bool, timeout_s: float) -> dict: ...
+
+    @abc.abstractmethod
+    def start_job(self, command: list[str], fields: dict, env: dict | None = None) -> dict: ...
+
+    @abc.abstractmethod
+    def stop_job(self) -> dict: ...
+
+    @abc.abstractmethod
+    def job_status(self) -> dict: ...
+
+    @abc.abstractmethod
+    def wait_step(self, step: int, timeout_s: float) -> dict: ...
+
+    def close(self) -> None:
+        """Release the agent."""

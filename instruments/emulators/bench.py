@@ -3,6 +3,7 @@ instrument marked ``emulated``, each on its real transport."""
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 from instruments.emulators.world import World
@@ -20,9 +21,14 @@ class EmulatedBench:
         self.emulators: dict[str, object] = {}
         self.servers: dict[str, object] = {}
         self.resources: dict[str, str] = {}
+        self.world_service = None
 
     def start(self) -> "EmulatedBench":
         try:
+            if any(h.emulated for h in self.bench.topology.hosts):
+                from instruments.emulators.world_service import WorldService
+
+                self.world_service = WorldService(self.world).start()
             for index, (name, spec) in enumerate(self.bench.instruments.items()):
                 if not spec.emulated:
                     continue
@@ -62,10 +68,28 @@ class EmulatedBench:
             return device, PtyLineServer(device.handle_line, name, eol=b"\n")
         raise ValueError(f"{name}: no emulator for model {spec.model!r}")
 
+    def agent_argv(self, host_name: str, *extra: str) -> list[str]:
+        """How to start the agent of an emulated host: the real agent program, its NVML, links
+        and job served by this world."""
+        host = next(h for h in self.bench.topology.hosts if h.name == host_name)
+        interfaces = ",".join(f"{n.interface or n.name}={n.name}" for n in host.nics)
+        return [sys.executable, "-m", "instruments.gpu_host.agent", "--world", self.world_service.address,
+                "--host", host.name, "--interfaces", interfaces, *extra]
+
+    def job_argv(self, ranks: list[str]) -> list[str]:
+        """The emulated training job's command template (one rank; {rank} filled by the agent)."""
+        job = self.bench.job
+        return [sys.executable, "-m", "instruments.gpu_host.emulated_job", "--world", self.world_service.address,
+                "--ranks", ",".join(ranks), "--rank", "{rank}", "--gradient-bytes", str(job.gradient_bytes),
+                "--compute-time-s", str(job.compute_time_s), "--startup-time-s", str(job.startup_time_s)]
+
     def stop(self) -> None:
         for server in self.servers.values():
             server.stop()
         self.servers.clear()
+        if self.world_service is not None:
+            self.world_service.stop()
+            self.world_service = None
 
     def __enter__(self) -> "EmulatedBench":
         return self.start()

@@ -13,6 +13,7 @@ import bisect
 import math
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -90,6 +91,25 @@ class _History:
         return self._values[bisect.bisect_right(self._times, t_ns) - 1]
 
 
+@dataclass
+class GpuState:
+    host: str
+    index: int
+    name: str
+    uuid: str
+    pci_bus_id: str
+    role: str = "active"
+    failed_ns: int | None = None
+    xid: int | None = None
+    ecc_dbe: int = 0
+    retired_pages: int = 0
+    temperature_c: float = 45.0
+    power_w: float = 80.0
+
+
+LINK_STATES = ("dark", "light", "locked", "up")
+
+
 class World:
     """Light, loss and switch state of the whole emulated bench, over time."""
 
@@ -112,6 +132,16 @@ class World:
             owner = f"{host.name}.{nic.name}"
             self.sources[nic.tx_port] = _Source(nic.launch_dbm, nic.tx_fibre_loss_db, owner, nic.wavelength_nm)
             self.sinks[nic.rx_port] = _Sink(nic.rx_fibre_loss_db, owner)
+        self.sensitivity_dbm = bench.limits.receiver_sensitivity_dbm.value
+        self.hosts = {h.name: h for h in bench.topology.hosts}
+        self.gpus: dict[tuple[str, int], GpuState] = {}
+        for host in bench.topology.hosts:
+            for gpu in host.gpus:
+                key = f"{bench.name}/{host.name}/{gpu.index}"
+                self.gpus[(host.name, gpu.index)] = GpuState(
+                    host.name, gpu.index, gpu.model, f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, key)}",
+                    f"00000000:{0x17 + gpu.index:02X}:00.0", role=gpu.role)
+        self.gpu_events: list[GroundTruth] = []
         self.circuits: list[Circuit] = []
         self._busy_until_ns = 0
         self._extra_loss: dict[int, _History] = {}
@@ -347,3 +377,134 @@ class World:
                 if port in (c.ingress, c.egress):
                     out.update(x for x in (c.lit_ns, c.removed_ns) if x is not None and x > since_ns)
             return sorted(out)
+
+    # -- GPUs -----------------------------------------------------------------------------------
+
+    def fail_gpu(self, host: str, index: int = 0, xid: int = 79, t_ns: int | None = None) -> GroundTruth:
+        """A GPU fails (XID 79: fell off the bus; 48: double-bit ECC; 13/31/43: application)."""
+        with self.lock:
+            gpu = self.gpus[(host, index)]
+            t = self.now_ns() if t_ns is None else t_ns
+            if xid in (79, 48):
+                gpu.failed_ns = gpu.failed_ns or t
+            if xid == 48:
+                gpu.ecc_dbe += 1
+                gpu.retired_pages += 1
+            gpu.xid = xid
+            event = GroundTruth(t, "gpu.xid", f"{host}/{index}", {"host": host, "index": index, "xid": xid,
+                                                                  "uuid": gpu.uuid})
+            self.events.append(event)
+            self.gpu_events.append(event)
+            self.changed.notify_all()
+            return event
+
+    def gpu_failed(self, host: str, index: int = 0, t_ns: int | None = None) -> bool:
+        t = self.now_ns() if t_ns is None else t_ns
+        with self.lock:
+            gpu = self.gpus[(host, index)]
+            return gpu.failed_ns is not None and gpu.failed_ns <= t
+
+    def host_failed(self, host: str, t_ns: int | None = None) -> bool:
+        return any(self.gpu_failed(h, i, t_ns) for (h, i) in self.gpus if h == host)
+
+    # -- NIC links: dark -> light -> locked -> up, following the light at the receiver ----------
+
+    def _instants(self, t: int) -> list[int]:
+        """Every instant up to t at which any light may have changed."""
+        out = {0}
+        for c in self.circuits:
+            out.update(x for x in (c.commanded_ns, c.lit_ns, c.removed_ns) if x is not None and x <= t)
+        for histories in (self._extra_loss, self._port_state, self._source_on):
+            for hist in histories.values():
+                out.update(x for x in hist._times if 0 <= x <= t)
+        return sorted(out)
+
+    def _nic(self, host: str, nic: str):
+        for n in self.hosts[host].nics:
+            if n.name == nic:
+                return n, self.hosts[host].emulation
+        raise WorldError("argument", f"host {host} has no NIC {nic}")
+
+    def _receiving(self, rx_port: int, t: int) -> bool:
+        power = self.received_dbm(rx_port, t)
+        return power is not None and power >= self.sensitivity_dbm
+
+    def link_state(self, host: str, nic: str, t_ns: int | None = None) -> tuple[str, int]:
+        """(state, since_ns): the NIC's link state at t and when that state began."""
+        t = self.now_ns() if t_ns is None else t_ns
+        spec, emu = self._nic(host, nic)
+        with self.lock:
+            instants = self._instants(t)
+            receiving = self._receiving(spec.rx_port, t)
+            since = instants[0]
+            for inst in reversed(instants):
+                if self._receiving(spec.rx_port, inst) != receiving:
+                    break
+                since = inst
+            if not receiving:
+                return "dark", since
+            lock_ns, up_ns = self.scaled_ns(emu.lock_time_s), self.scaled_ns(emu.link_up_time_s)
+            if t < since + lock_ns:
+                return "light", since
+            if t < since + lock_ns + up_ns:
+                return "locked", since + lock_ns
+            return "up", since + lock_ns + up_ns
+
+    def link_transitions(self, host: str, nic: str, t_ns: int | None = None) -> list[tuple[int, str]]:
+        """Every (instant, state) the link went through, up to t."""
+        t = self.now_ns() if t_ns is None else t_ns
+        spec, emu = self._nic(host, nic)
+        lock_ns, up_ns = self.scaled_ns(emu.lock_time_s), self.scaled_ns(emu.link_up_time_s)
+        with self.lock:
+            candidates = set(self._instants(t))
+            for inst in list(candidates):
+                candidates.update(x for x in (inst + lock_ns, inst + lock_ns + up_ns) if x <= t)
+            out: list[tuple[int, str]] = []
+            for inst in sorted(candidates):
+                state, since = self.link_state(host, nic, inst)
+                if not out or out[-1][1] != state:
+                    out.append((since, state))
+            return out
+
+    def carrier_counters(self, host: str, nic: str, t_ns: int | None = None) -> dict[str, int]:
+        states = [s for _, s in self.link_transitions(host, nic, t_ns)]
+        ups = sum(1 for a, b in zip(["dark"] + states, states) if b == "up" and a != "up")
+        downs = sum(1 for a, b in zip(states, states[1:]) if a == "up" and b != "up")
+        return {"carrier_up_count": ups, "carrier_down_count": downs, "carrier_changes": ups + downs}
+
+    def next_link_change_ns(self, host: str, nic: str, t_ns: int | None = None) -> int | None:
+        """The next instant the link state may change on its own (lock, up, or a settling beam)."""
+        t = self.now_ns() if t_ns is None else t_ns
+        state, since = self.link_state(host, nic, t)
+        _, emu = self._nic(host, nic)
+        candidates = [x for c in self.circuits for x in (c.lit_ns,) if x > t]
+        if state == "light":
+            candidates.append(since + self.scaled_ns(emu.lock_time_s))
+        elif state == "locked":
+            candidates.append(since + self.scaled_ns(emu.link_up_time_s))
+        return min(candidates) if candidates else None
+
+    # -- collective bandwidth ------------------------------------------------------------------
+
+    def link_between(self, a: str, b: str, t_ns: int | None = None) -> float:
+        """Gb/s of the optical links that are up in both directions between hosts a and b."""
+        t = self.now_ns() if t_ns is None else t_ns
+        with self.lock:
+            conns = {c.ingress: c.egress for c in self.circuits if c.lit_at(t)}
+            total = 0.0
+            for na in self.hosts[a].nics:
+                for nb in self.hosts[b].nics:
+                    if conns.get(na.tx_port) == nb.rx_port and conns.get(nb.tx_port) == na.rx_port:
+                        if self.link_state(a, na.name, t)[0] == "up" and self.link_state(b, nb.name, t)[0] == "up":
+                            total += min(na.rate_gbps, nb.rate_gbps)
+            return total
+
+    def ring_bandwidth_gbps(self, ranks: list[str], t_ns: int | None = None) -> float:
+        """Bus bandwidth a ring collective over these hosts gets: its slowest hop (0: broken)."""
+        if len(ranks) < 2:
+            return math.inf
+        return min(self.link_between(a, b, t_ns) for a, b in zip(ranks, ranks[1:] + ranks[:1]))
+
+    def wait_for_change(self, timeout_s: float) -> None:
+        with self.lock:
+            self.changed.wait(timeout_s)

@@ -1,0 +1,155 @@
+"""The world, served to emulated hosts' agent subprocesses over loopback TCP (JSON lines, see
+instruments/gpu_host/wire.py). Each connection is served in its own thread and handles one
+request at a time; a client that waits (for an XID, a link) uses its own connection."""
+
+from __future__ import annotations
+
+import socket
+import socketserver
+import threading
+import time
+
+from instruments.emulators.world import World
+from instruments.gpu_host import wire
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        service: WorldService = self.server.service  # type: ignore[attr-defined]
+        while True:
+            line = self.rfile.readline()
+            if not line:
+                return
+            request = wire.decode(line)
+            try:
+                result = getattr(service, f"rpc_{request['method']}")(**request.get("params", {}))
+                reply = {"id": request.get("id"), "ok": True, "result": result}
+            except Exception as exc:  # reported to the caller, the service keeps serving
+                reply = {"id": request.get("id"), "ok": False,
+                         "error": {"type": type(exc).__name__, "message": str(exc)}}
+            self.wfile.write(wire.encode(reply))
+            self.wfile.flush()
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    block_on_close = False
+
+
+class WorldService:
+    def __init__(self, world: World):
+        self.world = world
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.service = self  # type: ignore[attr-defined]
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
+                                        daemon=True, name="world-service")
+
+    @property
+    def address(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"{host}:{port}"
+
+    def start(self) -> "WorldService":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    # -- calls ------------------------------------------------------------------------------------
+
+    def rpc_now(self) -> int:
+        return self.world.now_ns()
+
+    def rpc_time_scale(self) -> float:
+        return self.world.time_scale
+
+    def rpc_gpus(self, host: str) -> list[dict]:
+        with self.world.lock:
+            return [dict(vars(g), failed=self.world.gpu_failed(g.host, g.index))
+                    for (h, _), g in sorted(self.world.gpus.items()) if h == host]
+
+    def rpc_wait_gpu_event(self, host: str, after: int, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        world = self.world
+        with world.lock:
+            while True:
+                new = [(i, e) for i, e in enumerate(world.gpu_events) if i >= after and e.detail["host"] == host]
+                if new:
+                    i, event = new[0]
+                    return {"seq": i, "t_ns": event.t_ns, **event.detail}
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return {"seq": None}
+                world.changed.wait(remaining)
+
+    def rpc_link(self, host: str, nic: str) -> dict:
+        state, since = self.world.link_state(host, nic)
+        return {"state": state, "since_ns": since, **self.world.carrier_counters(host, nic)}
+
+    def rpc_wait_link(self, host: str, nic: str, up: bool, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        world = self.world
+        with world.lock:
+            while True:
+                state, since = world.link_state(host, nic)
+                if (state == "up") == up:
+                    return {"state": state, "since_ns": since, "timed_out": False}
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return {"state": state, "since_ns": since, "timed_out": True}
+                nxt = world.next_link_change_ns(host, nic)
+                if nxt is not None:
+                    remaining = min(remaining, max(0.0, (nxt - world.now_ns()) / 1e9) + 1e-4)
+                world.changed.wait(remaining)
+
+    def rpc_job_step(self, ranks: list[str], rank: int, gradient_bytes: float, compute_time_s: float) -> dict:
+        """What one data-parallel step costs now: compute, then a ring all-reduce of the gradients
+        over the optical links (busbw = the slowest hop; algorithm bytes 2(n-1)/n)."""
+        world = self.world
+        host = ranks[rank]
+        if world.host_failed(host):
+            return {"failed": True, "step_time_s": None, "bandwidth_gbps": 0.0}
+        if any(world.host_failed(h) for h in ranks):
+            return {"failed": False, "step_time_s": None, "bandwidth_gbps": 0.0, "stalled": "a peer failed"}
+        n = len(ranks)
+        bw = world.ring_bandwidth_gbps(ranks)
+        if n > 1 and bw <= 0:
+            return {"failed": False, "step_time_s": None, "bandwidth_gbps": 0.0, "stalled": "no link"}
+        comm = 0.0 if n == 1 else gradient_bytes * 2 * (n - 1) / n / (bw * 1e9 / 8)
+        return {"failed": False, "step_time_s": world.scaled_ns(compute_time_s + comm) / 1e9, "bandwidth_gbps": bw}
+
+    def rpc_wait_change(self, timeout_s: float) -> None:
+        self.world.wait_for_change(timeout_s)
+
+
+class WorldClient:
+    """The emulated host's side: one connection per thread, so each may wait on its own."""
+
+    def __init__(self, address: str):
+        host, port = address.rsplit(":", 1)
+        self._address = (host, int(port))
+        self._local = threading.local()
+        self._ids = 0
+
+    def _conn(self):
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            sock = socket.create_connection(self._address, timeout=None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = self._local.conn = (sock, sock.makefile("rb"))
+        return conn
+
+    def call(self, method: str, **params):
+        sock, reader = self._conn()
+        self._ids += 1
+        sock.sendall(wire.encode({"id": self._ids, "method": method, "params": params}))
+        line = reader.readline()
+        if not line:
+            raise ConnectionError(f"world service at {self._address} closed the connection")
+        reply = wire.decode(line)
+        if not reply["ok"]:
+            raise wire.RemoteError("world", method, reply["error"]["type"], reply["error"]["message"])
+        return reply["result"]

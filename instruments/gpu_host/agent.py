@@ -1,0 +1,164 @@
+"""The GPU host agent: runs on each GPU host and answers requests on stdin/stdout, one JSON
+object a line (instruments/gpu_host/wire.py), so the harness reaches it as a local subprocess or
+through ``ssh host python3 -m instruments.gpu_host.agent``: no daemon, no open port.
+
+Every reply carries the agent's monotonic clock (``clock_ns``), so the harness can place host
+events on its own timeline with a measured offset and uncertainty. Requests run concurrently
+(a wait for an XID does not hold up a health query); replies carry the request's id.
+
+    python3 -m instruments.gpu_host.agent                 # real host: NVML, /sys/class/net
+    python3 -m instruments.gpu_host.agent --world 127.0.0.1:PORT --host host1 --interfaces p0=p0,p1=p1
+                                                          # emulated host, served by the world
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+from instruments.gpu_host import wire
+from instruments.gpu_host.jobs import JobControl
+from instruments.gpu_host.links import SysfsLinks, WorldLinks
+from instruments.gpu_host.nccl import parse as parse_nccl
+from instruments.gpu_host.nvml_backend import NvmlGpus
+
+VERSION = 1
+
+
+class Agent:
+    def __init__(self, gpus: NvmlGpus, links, jobs: JobControl, clock_ns, backend: str):
+        self.gpus, self.links, self.jobs = gpus, links, jobs
+        self.clock_ns = clock_ns
+        self.backend = backend
+        self._out_lock = threading.Lock()
+        self._stop = threading.Event()
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def rpc_hello(self) -> dict:
+        return {"version": VERSION, "hostname": socket.gethostname(), "pid": os.getpid(), "backend": self.backend,
+                "nvml": self.gpus.status(), "interfaces": self.links.interfaces()}
+
+    def rpc_clock(self) -> dict:
+        return {}
+
+    def rpc_devices(self) -> list:
+        return self.gpus.devices()
+
+    def rpc_health(self) -> list:
+        return self.gpus.health()
+
+    def rpc_wait_xid(self, timeout_s: float) -> dict | None:
+        return self.gpus.wait_xid(timeout_s)
+
+    def rpc_links(self) -> list:
+        return [self.links.state(i) for i in self.links.interfaces()]
+
+    def rpc_link(self, interface: str) -> dict:
+        return self.links.state(interface)
+
+    def rpc_wait_link(self, interface: str, up: bool, timeout_s: float) -> dict:
+        return self.links.wait(interface, up, timeout_s)
+
+    def rpc_job_start(self, command: list, fields: dict, env: dict | None = None) -> dict:
+        return self.jobs.start(command, fields, env)
+
+    def rpc_job_stop(self, timeout_s: float = 10.0) -> dict:
+        return self.jobs.stop(timeout_s)
+
+    def rpc_job_status(self) -> dict:
+        return self.jobs.status()
+
+    def rpc_job_wait_step(self, step: int, timeout_s: float) -> dict:
+        return self.jobs.wait_step(step, timeout_s)
+
+    def rpc_nccl_run(self, argv: list, timeout_s: float = 600.0) -> dict:
+        """Run an nccl-tests binary (argv as a list) and return its parsed result."""
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise ValueError("argv is a non-empty list of strings")
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{argv[0]} exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+        return parse_nccl(proc.stdout, argv[0]).to_dict()
+
+    def rpc_bye(self) -> None:
+        self._stop.set()
+
+    # -- loop ------------------------------------------------------------------------------------
+
+    def _reply(self, message: dict) -> None:
+        message["clock_ns"] = self.clock_ns()
+        data = wire.encode(message)
+        with self._out_lock:
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+
+    def _handle(self, request: dict) -> None:
+        rid = request.get("id")
+        try:
+            method = getattr(self, f"rpc_{request['method']}", None)
+            if method is None:
+                raise LookupError(f"unknown method {request['method']!r}")
+            self._reply({"id": rid, "ok": True, "result": method(**request.get("params", {}))})
+        except Exception as exc:
+            self._reply({"id": rid, "ok": False, "error": {"type": type(exc).__name__, "message": str(exc)}})
+            if not isinstance(exc, (LookupError, ValueError, TypeError)):
+                traceback.print_exc(file=sys.stderr)
+
+    def serve(self) -> None:
+        try:
+            for line in sys.stdin.buffer:
+                if not line.strip():
+                    continue
+                try:
+                    request = wire.decode(line)
+                except ValueError as exc:
+                    self._reply({"id": None, "ok": False, "error": {"type": "BadRequest", "message": str(exc)}})
+                    continue
+                threading.Thread(target=self._handle, args=(request,), daemon=True).start()
+                if request.get("method") == "bye":
+                    break
+        finally:
+            self.jobs.stop(timeout_s=5)  # the harness is gone: leave no job running
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m instruments.gpu_host.agent", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world", help="HOST:PORT of the emulated world service (emulated host)")
+    parser.add_argument("--host", help="this host's name in the bench (emulated host)")
+    parser.add_argument("--interfaces", default="", help="emulated: interface=nic,... pairs")
+    parser.add_argument("--sysfs", default="/sys/class/net", help="where NIC state is read (real host)")
+    parser.add_argument("--log-dir", default="/tmp/lumion-hil-agent", help="job logs")
+    parser.add_argument("--clock-offset-ns", type=int, default=0,
+                        help="add this to every clock reading (tests of the harness's clock mapping)")
+    args = parser.parse_args(argv)
+    offset = args.clock_offset_ns
+
+    def clock_ns() -> int:
+        return time.monotonic_ns() + offset
+
+    if args.world:
+        if not args.host:
+            parser.error("--world needs --host")
+        from instruments.emulators.nvml import FakeNvml
+        from instruments.emulators.world_service import WorldClient
+
+        world = WorldClient(args.world)
+        interfaces = dict(pair.split("=", 1) for pair in args.interfaces.split(",") if pair)
+        agent = Agent(NvmlGpus(FakeNvml(world, args.host), clock_ns), WorldLinks(world, args.host, interfaces, clock_ns, offset),
+                      JobControl(args.log_dir, clock_ns), clock_ns, "emulated")
+    else:
+        agent = Agent(NvmlGpus(clock_ns=clock_ns), SysfsLinks(args.sysfs, clock_ns), JobControl(args.log_dir, clock_ns),
+                      clock_ns, "nvml")
+    agent.serve()
+
+
+if __name__ == "__main__":
+    main()

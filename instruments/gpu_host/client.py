@@ -1,0 +1,184 @@
+"""The harness's side of a GPU host agent: a subprocess (local, or through ssh) spoken to in
+JSON lines. Replies are matched to requests by id, so calls may wait concurrently."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import subprocess
+import sys
+import threading
+import time
+
+from instruments.gpu_host import wire
+from instruments.protocols import ClockMapping, GpuHost, InstrumentError
+
+
+def local_agent_argv(python: str = sys.executable, *extra: str) -> list[str]:
+    return [python, "-m", "instruments.gpu_host.agent", *extra]
+
+
+def ssh_agent_argv(destination: str, python: str = "python3") -> list[str]:
+    """The agent on another host: lumion-hil must be installed there for ``python``."""
+    return ["ssh", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", destination,
+            python, "-m", "instruments.gpu_host.agent"]
+
+
+class AgentClient(GpuHost):
+    def __init__(self, name: str, argv: list[str], *, timeout_s: float = 10.0, clock_ns=time.perf_counter_ns):
+        self.name = name
+        self.argv = argv
+        self.timeout_s = timeout_s
+        self.clock_ns = clock_ns
+        self._ids = itertools.count(1)
+        self._pending: dict[int, list] = {}
+        self._lock = threading.Lock()
+        self._stderr: collections.deque[str] = collections.deque(maxlen=30)
+        self._write_lock = threading.Lock()
+        try:
+            self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:
+            raise InstrumentError(name, " ".join(argv[:3]), f"cannot start the agent: {exc.strerror or exc}") from None
+        threading.Thread(target=self._read, daemon=True, name=f"agent-{name}").start()
+        threading.Thread(target=self._drain_stderr, daemon=True, name=f"agent-{name}-err").start()
+        try:
+            self.hello = self.call("hello")
+            self.clock = self.sync_clock()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- transport ------------------------------------------------------------------------------
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            try:
+                reply = wire.decode(line)
+            except ValueError:
+                self._stderr.append(f"(not a reply) {line[:200]!r}")
+                continue
+            with self._lock:
+                slot = self._pending.get(reply.get("id"))
+            if slot is not None:
+                slot[1] = reply
+                slot[2] = self.clock_ns()
+                slot[0].set()
+        with self._lock:  # the agent is gone: wake every waiter
+            for slot in self._pending.values():
+                slot[0].set()
+
+    def _drain_stderr(self) -> None:
+        for line in self._proc.stderr:
+            self._stderr.append(line.decode("utf-8", "replace").rstrip())
+
+    def call_timed(self, method: str, reply_within_s: float | None = None, **params) -> tuple[object, int, int, int]:
+        """(result, agent clock at reply, harness time sent, harness time received)."""
+        rid = next(self._ids)
+        slot = [threading.Event(), None, None]
+        with self._lock:
+            self._pending[rid] = slot
+        sent = self.clock_ns()
+        try:
+            with self._write_lock:
+                self._proc.stdin.write(wire.encode({"id": rid, "method": method, "params": params}))
+                self._proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise self._gone(method) from None
+        limit = self.timeout_s if reply_within_s is None else reply_within_s
+        answered = slot[0].wait(limit)
+        with self._lock:
+            self._pending.pop(rid, None)
+        if not answered:
+            raise InstrumentError(self.name, method, f"no reply from the agent within {limit:g} s")
+        reply = slot[1]
+        if reply is None:
+            raise self._gone(method)
+        if not reply.get("ok"):
+            err = reply.get("error", {})
+            raise InstrumentError(self.name, method, f"agent error {err.get('type')}: {err.get('message')}")
+        return reply.get("result"), reply["clock_ns"], sent, slot[2]
+
+    def call(self, method: str, reply_within_s: float | None = None, **params):
+        """Call an agent method; ``reply_within_s`` bounds the wait for its reply."""
+        return self.call_timed(method, reply_within_s, **params)[0]
+
+    def _gone(self, method: str) -> InstrumentError:
+        code = self._proc.poll()
+        tail = " | ".join(list(self._stderr)[-5:]) or "no output"
+        return InstrumentError(self.name, method, f"the agent is not running (exit {code}): {tail}")
+
+    # -- clock ----------------------------------------------------------------------------------
+
+    def sync_clock(self, samples: int = 8) -> ClockMapping:
+        """Offset of the host's clock from the harness's, from the round trip with the least
+        delay: the reply's clock was read between sending and receiving, so the midpoint is off
+        by at most half the round trip."""
+        best = None
+        for _ in range(samples):
+            _, agent_ns, sent, received = self.call_timed("clock")
+            rtt = received - sent
+            if best is None or rtt < best[0]:
+                best = (rtt, agent_ns - (sent + received) // 2)
+        self.clock = ClockMapping(best[1], (best[0] + 1) // 2)
+        return self.clock
+
+    def _mapped(self, event: dict | None, *keys: str) -> dict | None:
+        if event is None:
+            return None
+        out = dict(event)
+        for key in keys:
+            if out.get(key) is not None:
+                out[f"host_{key}"] = out[key]
+                out[key] = self.clock.to_harness(out[key])
+        out["uncertainty_ns"] = self.clock.uncertainty_ns
+        return out
+
+    # -- GpuHost --------------------------------------------------------------------------------
+
+    def devices(self) -> list[dict]:
+        return self.call("devices")
+
+    def health(self) -> list[dict]:
+        return self.call("health")
+
+    def wait_xid(self, timeout_s: float) -> dict | None:
+        return self._mapped(self.call("wait_xid", timeout_s + self.timeout_s, timeout_s=timeout_s), "t_ns")
+
+    def links(self) -> list[dict]:
+        return [self._mapped(s, "t_ns", "since_ns") for s in self.call("links")]
+
+    def wait_link(self, interface: str, up: bool, timeout_s: float) -> dict:
+        state = self.call("wait_link", timeout_s + self.timeout_s, interface=interface, up=up, timeout_s=timeout_s)
+        return self._mapped(state, "t_ns", "since_ns")
+
+    def start_job(self, command: list[str], fields: dict, env: dict | None = None) -> dict:
+        return self._mapped(self.call("job_start", command=command, fields=fields, env=env or {}), "started_ns")
+
+    def stop_job(self) -> dict:
+        return self.call("job_stop", 30.0)
+
+    def job_status(self) -> dict:
+        return self.call("job_status")
+
+    def wait_step(self, step: int, timeout_s: float) -> dict:
+        status = self.call("job_wait_step", timeout_s + self.timeout_s, step=step, timeout_s=timeout_s)
+        if status.get("progress", {}).get("t_ns") is not None:
+            status["progress"]["t_ns"] = self.clock.to_harness(status["progress"]["t_ns"])
+        return status
+
+    def run_nccl_tests(self, argv: list[str], timeout_s: float = 600.0) -> dict:
+        return self.call("nccl_run", timeout_s + self.timeout_s, argv=argv, timeout_s=timeout_s)
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                with self._write_lock:
+                    self._proc.stdin.write(wire.encode({"id": 0, "method": "bye", "params": {}}))
+                    self._proc.stdin.flush()
+                self._proc.stdin.close()
+                self._proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self._proc.kill()
+                self._proc.wait(timeout=5)

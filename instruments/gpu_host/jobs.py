@@ -1,0 +1,145 @@
+"""Job control on a host: start a rank of the training job from an argv template, stop it,
+restart it on a new rank map, and follow its progress.
+
+Arguments are lists, never a shell string built from input: each template element is filled
+with ``str.format`` from known fields ({rank} {world_size} {gpu} {master_addr} {master_port}
+{heartbeat}) and passed to the process as one argument.
+
+Progress comes from the job's own output, event-driven: a line that is a JSON object with
+``step`` (the heartbeat format: also ``step_time_s``, ``samples_per_s``, ``tokens_per_s``), or a
+line matching ``step[ =:]<n>``. Every line also goes to the job's log file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+FIELDS = ("rank", "world_size", "gpu", "master_addr", "master_port", "heartbeat")
+_STEP_RE = re.compile(r"\bstep[\s=:]+(\d+)", re.IGNORECASE)
+
+
+class JobError(Exception):
+    pass
+
+
+_PLACEHOLDER = re.compile(r"\{(" + "|".join(FIELDS) + r")\}")
+
+
+def fill_template(template: list[str], fields: dict) -> list[str]:
+    """Replace the known placeholders in each argument; any other braces are left as they are
+    (a job's JSON argument, say)."""
+    if not isinstance(template, list) or not template or not all(isinstance(a, str) for a in template):
+        raise JobError("the job command is a non-empty list of strings")
+    unknown = set(fields) - set(FIELDS)
+    if unknown:
+        raise JobError(f"unknown template fields {sorted(unknown)}")
+
+    def fill(m: re.Match) -> str:
+        if m.group(1) not in fields:
+            raise JobError(f"the job command uses {{{m.group(1)}}} but no value was given for it")
+        return str(fields[m.group(1)])
+
+    return [_PLACEHOLDER.sub(fill, arg) for arg in template]
+
+
+class JobControl:
+    def __init__(self, log_dir: str, clock_ns=time.monotonic_ns):
+        self.log_dir = Path(log_dir)
+        self.clock_ns = clock_ns
+        self._proc: subprocess.Popen | None = None
+        self._changed = threading.Condition()
+        self._progress: dict = {}
+        self._started_ns: int | None = None
+        self._argv: list[str] = []
+        self._exit_ns: int | None = None
+        self._tail: list[str] = []
+
+    def start(self, template: list[str], fields: dict, env: dict | None = None) -> dict:
+        if self._proc is not None and self._proc.poll() is None:
+            raise JobError(f"a job is already running (pid {self._proc.pid}); stop it first")
+        argv = fill_template(template, fields)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"rank{fields.get('rank', 0)}.log"
+        with self._changed:
+            self._progress, self._exit_ns, self._tail = {}, None, []
+            try:
+                self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                              stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                              start_new_session=True)
+            except OSError as exc:
+                raise JobError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
+            self._started_ns, self._argv = self.clock_ns(), argv
+        threading.Thread(target=self._follow, args=(self._proc, log_path), daemon=True, name="job-output").start()
+        return {"pid": self._proc.pid, "argv": argv, "started_ns": self._started_ns, "log": str(log_path)}
+
+    def _follow(self, proc: subprocess.Popen, log_path: Path) -> None:
+        with open(log_path, "a", encoding="utf-8") as log:
+            for raw in proc.stdout:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                log.write(line + "\n")
+                log.flush()
+                progress = _parse_progress(line)
+                with self._changed:
+                    self._tail = (self._tail + [line])[-20:]
+                    if progress is not None:
+                        self._progress = {**progress, "t_ns": self.clock_ns()}
+                    self._changed.notify_all()
+        proc.wait()
+        with self._changed:
+            self._exit_ns = self.clock_ns()
+            self._changed.notify_all()
+
+    def stop(self, timeout_s: float = 10.0) -> dict:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return self.status()
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=timeout_s)
+        except ProcessLookupError:
+            pass
+        return self.status()
+
+    def status(self) -> dict:
+        with self._changed:
+            proc = self._proc
+            running = proc is not None and proc.poll() is None
+            return {"running": running, "pid": proc.pid if proc else None,
+                    "returncode": None if proc is None or running else proc.returncode,
+                    "started_ns": self._started_ns, "exit_ns": self._exit_ns, "argv": self._argv,
+                    "progress": dict(self._progress), "last_lines": list(self._tail[-5:])}
+
+    def wait_step(self, step: int, timeout_s: float) -> dict:
+        """Until the job reports ``step`` (or exits, or the deadline passes)."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while True:
+                reached = self._progress.get("step", -1) >= step
+                exited = self._proc is None or (self._exit_ns is not None)
+                remaining = deadline - time.monotonic()
+                if reached or exited or remaining <= 0:
+                    return {**self.status(), "reached": reached, "timed_out": not reached and not exited and remaining <= 0}
+                self._changed.wait(remaining)
+
+
+def _parse_progress(line: str) -> dict | None:
+    text = line.strip()
+    if text.startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("step"), int):
+            return {k: data[k] for k in ("step", "step_time_s", "samples_per_s", "tokens_per_s") if k in data}
+    m = _STEP_RE.search(text)
+    return {"step": int(m.group(1))} if m else None

@@ -1,0 +1,118 @@
+"""NIC link state: /sys/class/net on a real host (event-driven through netlink RTNLGRP_LINK,
+polling only where netlink is not available), or the emulated world's links."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import time
+from pathlib import Path
+
+SYSFS_NET = "/sys/class/net"
+_RTMGRP_LINK = 1
+_FALLBACK_POLL_S = 0.005
+
+
+class SysfsLinks:
+    def __init__(self, root: str = SYSFS_NET, clock_ns=time.monotonic_ns):
+        self.root = Path(root)
+        self.clock_ns = clock_ns
+
+    def interfaces(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir()) if self.root.is_dir() else []
+
+    def _read(self, interface: str, name: str) -> str | None:
+        try:
+            return (self.root / interface / name).read_text().strip()
+        except FileNotFoundError:
+            if not (self.root / interface).exists():
+                raise KeyError(f"no interface {interface!r} under {self.root}") from None
+            return None
+        except OSError:  # carrier of an interface that is administratively down: EINVAL
+            return None
+
+    def state(self, interface: str) -> dict:
+        carrier = self._read(interface, "carrier")
+        out = {"interface": interface, "carrier": int(carrier) if carrier in ("0", "1") else None,
+               "operstate": self._read(interface, "operstate"), "t_ns": self.clock_ns()}
+        for counter in ("carrier_changes", "carrier_up_count", "carrier_down_count"):
+            value = self._read(interface, counter)
+            out[counter] = int(value) if value and value.isdigit() else None
+        return out
+
+    @staticmethod
+    def is_up(state: dict) -> bool:
+        return state["carrier"] == 1 and state["operstate"] in ("up", "unknown")
+
+    def _netlink(self) -> socket.socket | None:
+        if str(self.root) != SYSFS_NET or not hasattr(socket, "AF_NETLINK"):
+            return None  # a test tree or another OS: nothing would announce its changes
+        try:
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+            sock.bind((0, _RTMGRP_LINK))
+            return sock
+        except OSError:
+            return None
+
+    def wait(self, interface: str, up: bool, timeout_s: float) -> dict:
+        """Until the link is up (or down). Returns the state, when it was seen, and how."""
+        deadline = time.monotonic() + timeout_s
+        sock = self._netlink()
+        method = "netlink" if sock else "polling"
+        try:
+            while True:
+                state = self.state(interface)
+                if self.is_up(state) == up:
+                    return {**state, "timed_out": False, "method": method}
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return {**state, "timed_out": True, "method": method}
+                if sock is not None:
+                    ready, _, _ = select.select([sock], [], [], remaining)
+                    if ready:
+                        sock.recv(65536)  # any link message: read sysfs again
+                else:
+                    time.sleep(min(_FALLBACK_POLL_S, remaining))  # fallback: nothing announces changes
+        finally:
+            if sock is not None:
+                sock.close()
+
+
+class WorldLinks:
+    """An emulated host's links, read from the world. Interface names are the bench's
+    ``interface`` for each NIC port, or the port's name."""
+
+    def __init__(self, world, host: str, interfaces: dict[str, str], clock_ns=time.monotonic_ns, offset_ns: int = 0):
+        self.world = world
+        self.host = host
+        self.nic_of = interfaces  # interface -> NIC name in the bench
+        self.clock_ns = clock_ns
+        self.offset_ns = offset_ns
+
+    def interfaces(self) -> list[str]:
+        return sorted(self.nic_of)
+
+    def _nic(self, interface: str) -> str:
+        if interface not in self.nic_of:
+            raise KeyError(f"no interface {interface!r} on {self.host}")
+        return self.nic_of[interface]
+
+    def _state(self, interface: str, link: dict, timed_out: bool | None = None) -> dict:
+        up = link["state"] == "up"
+        operstate = "up" if up else ("lowerlayerdown" if link["state"] == "dark" else "down")
+        out = {"interface": interface, "carrier": 1 if up else 0, "operstate": operstate,
+               "link_state": link["state"], "since_ns": link["since_ns"] + self.offset_ns, "t_ns": self.clock_ns()}
+        for counter in ("carrier_changes", "carrier_up_count", "carrier_down_count"):
+            if counter in link:
+                out[counter] = link[counter]
+        if timed_out is not None:
+            out.update(timed_out=timed_out, method="world")
+        return out
+
+    def state(self, interface: str) -> dict:
+        return self._state(interface, self.world.call("link", host=self.host, nic=self._nic(interface)))
+
+    def wait(self, interface: str, up: bool, timeout_s: float) -> dict:
+        link = self.world.call("wait_link", host=self.host, nic=self._nic(interface), up=up, timeout_s=timeout_s)
+        return self._state(interface, link, link["timed_out"])

@@ -1,0 +1,226 @@
+"""GPU host agents: NVML (real library where it exists, the clear unavailable state where it
+does not, the emulated one through the real backend), links, jobs, clock mapping."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+
+import pynvml
+import pytest
+
+from harness.config import load_bench
+from harness.session import BenchSession
+from instruments.emulators.bench import EmulatedBench
+from instruments.emulators.nvml import FakeNvml
+from instruments.emulators.world_service import WorldClient
+from instruments.gpu_host.client import AgentClient, local_agent_argv, ssh_agent_argv
+from instruments.gpu_host.jobs import JobControl, JobError, fill_template
+from instruments.gpu_host.links import SysfsLinks
+from instruments.gpu_host.nvml_backend import NvmlGpus
+from instruments.protocols import InstrumentError
+from conftest import BENCHES
+
+
+@pytest.fixture
+def session():
+    with BenchSession.open(load_bench(BENCHES / "emulated.yaml", time_scale=0.1)) as s:
+        yield s
+
+
+def test_failed_gpu_shows_as_xid_within_milliseconds(session):
+    agent = session.hosts["host1"]
+    got = {}
+    waiter = threading.Thread(target=lambda: got.setdefault("event", agent.wait_xid(10)))
+    waiter.start()
+    time.sleep(0.1)  # let the wait reach NVML's event wait before the failure
+    truth = session.world.fail_gpu("host1", 0, xid=79)
+    waiter.join()
+    event = got["event"]
+    assert event["xid"] == 79 and event["uuid"] == session.world.gpus[("host1", 0)].uuid
+    latency_ms = (event["t_ns"] - truth.t_ns) / 1e6
+    assert -event["uncertainty_ns"] / 1e6 <= latency_ms < 50, latency_ms  # a few ms; generous for a loaded CI
+    health = agent.health()
+    assert health[0]["lost"] is True and "fell off the bus" in health[0]["reason"]
+
+
+def test_no_xid_is_a_timeout_not_an_error(session):
+    assert session.hosts["host0"].wait_xid(0.2) is None
+
+
+def test_cut_circuit_takes_carrier_down_at_the_worlds_instant(session):
+    agent = session.hosts["host1"]
+    assert agent.wait_link("p1", up=True, timeout_s=5)["carrier"] == 1
+    session.world.set_extra_loss(20, float("inf"))  # cut the fibre feeding host1.p1
+    state = agent.wait_link("p1", up=False, timeout_s=5)
+    assert state["carrier"] == 0 and state["operstate"] == "lowerlayerdown" and not state["timed_out"]
+    cut = session.world.events_of("loss", "20")[-1].t_ns
+    assert abs(state["since_ns"] - cut) <= state["uncertainty_ns"]
+    counters = agent.links()[1]
+    assert counters["carrier_down_count"] >= 1
+
+
+def test_clock_mapping_places_offset_host_events_within_the_uncertainty():
+    bench = load_bench(BENCHES / "emulated.yaml", time_scale=0.1)
+    offset = 7_300_000_000  # the host's clock runs 7.3 s ahead of the harness's
+    with EmulatedBench(bench) as emulated:
+        agent = AgentClient("host1", emulated.agent_argv("host1", "--clock-offset-ns", str(offset)))
+        try:
+            assert abs(agent.clock.offset_ns - offset) <= agent.clock.uncertainty_ns
+            assert agent.clock.uncertainty_ns < 20_000_000
+            emulated.world.connect(bench.safety.baseline)
+            up = agent.wait_link("p1", up=True, timeout_s=5)
+            truth = emulated.world.link_state("host1", "p1")[1]  # the world's instant, harness clock
+            assert up["host_since_ns"] - truth == offset  # the host reported it on its own clock
+            assert abs(up["since_ns"] - truth) <= up["uncertainty_ns"]  # mapped back onto ours
+        finally:
+            agent.close()
+
+
+def test_agent_without_nvml_says_so_clearly():
+    agent = AgentClient("local", local_agent_argv())
+    try:
+        nvml = agent.hello["nvml"]
+        try:
+            pynvml.nvmlInit()
+            real = True
+        except pynvml.NVMLError:
+            real = False
+        if real:  # a machine with a driver: the real library answers
+            assert nvml["available"] and agent.devices()
+        else:
+            assert nvml == {"available": False, "reason": nvml["reason"]}
+            assert nvml["reason"].startswith("NVML not available: NVMLError_")
+            with pytest.raises(InstrumentError, match="NVML not available"):
+                agent.devices()
+        assert agent.links(), "links are read even without NVML"
+    finally:
+        agent.close()
+
+
+def test_fake_nvml_raises_the_real_error_classes(session):
+    world = WorldClient(session.emulated.world_service.address)
+    fake = FakeNvml(world, "host2")
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        fake.nvmlDeviceGetCount()
+    gpus = NvmlGpus(fake)
+    session.world.fail_gpu("host2", 0, xid=79)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        fake.nvmlDeviceGetUUID(fake.nvmlDeviceGetHandleByIndex(0))
+    assert gpus.health()[0]["lost"] is True
+
+
+def test_backend_reports_a_missing_library_as_unavailable():
+    class NoLibrary:
+        def nvmlInit(self):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    gpus = NvmlGpus(NoLibrary())
+    assert gpus.status() == {"available": False, "reason": "NVML not available: NVMLError_LibraryNotFound: "
+                                                            "NVML Shared Library Not Found"}
+
+
+def test_ecc_double_bit_error_is_counted(session):
+    session.world.fail_gpu("host0", 0, xid=48)
+    health = session.hosts["host0"].health()[0]
+    assert health["ecc_uncorrected_volatile"] == 1 and health["remapped_rows"]["uncorrectable"] == 1
+
+
+def test_agent_that_dies_is_a_clear_error(session):
+    agent = AgentClient("host3", session.emulated.agent_argv("host3"))
+    agent._proc.kill()
+    agent._proc.wait()
+    with pytest.raises(InstrumentError, match="host3: 'health': the agent is not running"):
+        agent.health()
+    agent.close()
+
+
+def test_agent_that_cannot_start_is_a_clear_error():
+    with pytest.raises(InstrumentError, match="host9: 'no-such-python -m instruments.gpu_host.agent': cannot start"):
+        AgentClient("host9", local_agent_argv("no-such-python"))
+
+
+def test_template_arguments_are_lists_never_a_shell():
+    argv = fill_template(["run", "--rank={rank}", "{master_addr}", '{"lr": 1}'], {"rank": 1, "master_addr": "a; rm -rf /"})
+    assert argv == ["run", "--rank=1", "a; rm -rf /", '{"lr": 1}']
+    with pytest.raises(JobError, match=r"uses \{heartbeat\} but no value"):
+        fill_template(["--hb={heartbeat}"], {})
+    with pytest.raises(JobError, match="unknown template fields"):
+        fill_template(["x"], {"shell": "yes"})
+    with pytest.raises(JobError, match="non-empty list"):
+        fill_template("python train.py", {})
+
+
+def test_job_progress_from_output_and_stop(tmp_path):
+    jobs = JobControl(str(tmp_path))
+    script = ("import json,sys,time\n"
+              "for i in range(1, 4):\n"
+              "    print(json.dumps({'step': i, 'step_time_s': 0.01, 'samples_per_s': 800}), flush=True)\n"
+              "print('step 4', flush=True)\n"
+              "time.sleep(60)\n")
+    jobs.start([sys.executable, "-c", script, "{rank}"], {"rank": 0})
+    status = jobs.wait_step(4, timeout_s=20)
+    assert status["reached"] and status["running"] and status["progress"]["step"] == 4
+    stopped = jobs.stop(timeout_s=5)
+    assert not stopped["running"] and stopped["returncode"] is not None
+    log = (tmp_path / "rank0.log").read_text().splitlines()
+    assert json.loads(log[0])["step"] == 1
+
+
+def test_job_restart_on_a_new_rank_map(session):
+    ranks = ["host0", "host1", "host2"]
+    session.start_job(ranks)
+    assert session.hosts["host2"].wait_step(1, 30)["reached"]
+    session.stop_job()
+    new_ranks = ["host0", "host3", "host2"]
+    session.switch.replace_all(_ring_circuits(session.bench, new_ranks))
+    session.start_job(new_ranks)
+    status = session.hosts["host3"].wait_step(1, 30)
+    assert status["reached"], status
+    assert "--ranks" in status["argv"] and "host0,host3,host2" in status["argv"]
+
+
+def _ring_circuits(bench, ranks):
+    pairs = []
+    for a, b in zip(ranks, ranks[1:] + ranks[:1]):
+        na, nb = bench.host(a).nics[0], bench.host(b).nics[1]
+        pairs += [(na.tx_port, nb.rx_port), (nb.tx_port, na.rx_port)]
+    return pairs
+
+
+def test_sysfs_links_read_a_tree_and_wait_for_a_change(tmp_path):
+    nic = tmp_path / "ens1f0"
+    nic.mkdir()
+    for name, value in (("carrier", "0"), ("operstate", "down"), ("carrier_changes", "3"),
+                        ("carrier_up_count", "1"), ("carrier_down_count", "2")):
+        (nic / name).write_text(value + "\n")
+    links = SysfsLinks(str(tmp_path))
+    assert links.interfaces() == ["ens1f0"]
+    assert links.state("ens1f0")["carrier"] == 0 and links.state("ens1f0")["carrier_changes"] == 3
+
+    def link_comes_up():  # stands in for the kernel
+        time.sleep(0.05)
+        (nic / "operstate").write_text("up\n")
+        (nic / "carrier").write_text("1\n")
+
+    threading.Thread(target=link_comes_up).start()
+    state = links.wait("ens1f0", up=True, timeout_s=5)
+    assert state["carrier"] == 1 and not state["timed_out"] and state["method"] == "polling"
+    with pytest.raises(KeyError, match="no interface 'eth9'"):
+        links.state("eth9")
+
+
+def test_real_sysfs_loopback_is_readable_and_waits_by_netlink():
+    links = SysfsLinks()
+    if "lo" not in links.interfaces():
+        pytest.skip("no /sys/class/net/lo here")
+    state = links.wait("lo", up=True, timeout_s=1)
+    assert state["operstate"] in ("unknown", "up") and state["method"] in ("netlink", "polling")
+
+
+def test_ssh_agent_command_is_a_list():
+    assert ssh_agent_argv("lab@gpu-a", "/opt/venv/bin/python") == [
+        "ssh", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "lab@gpu-a",
+        "/opt/venv/bin/python", "-m", "instruments.gpu_host.agent"]
