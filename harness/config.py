@@ -233,6 +233,23 @@ class Safety(_Model):
     )
 
 
+class MigrationBaseline(_Model):
+    """Recovery without an optical fabric: the job moves to an idle reserved rack and restores
+    its checkpoint (LUMION's baseline). Emulated on the same world, to compare."""
+
+    checkpoint_bytes: PositiveFloat = Field(1.73e10, description="weights, optimizer state, master copy")
+    network_gbps: PositiveFloat = Field(25.0, description="checkpoint storage to the new rack")
+    scheduling_s: NonNegativeFloat = Field(5.0, description="finding and claiming the reserved rack")
+    electrical_busbw_gbps: PositiveFloat = Field(5.0, description="all-reduce bus bandwidth on the rack's electrical network")
+
+
+class RecoverySettings(_Model):
+    controller: str = Field("harness.controller:ReferenceController",
+                            description="module:factory of the recovery controller under test")
+    migration: MigrationBaseline = MigrationBaseline()
+    fault_seed: int = 1
+
+
 class EmulatorSettings(_Model):
     time_scale: PositiveFloat = Field(1.0, description="multiplies every emulated latency")
     seed: int = 1
@@ -247,6 +264,9 @@ class Bench(_Model):
     detectors: list[Detector] = []
     limits: Limits
     job: Job | None = None
+    published: dict[str, dict] = Field(
+        default={}, description="corrections to published numbers: {id: {value: ..., source: ...}}")
+    recovery: RecoverySettings = RecoverySettings()
     deadlines: Deadlines = Deadlines()
     safety: Safety = Safety()
 
@@ -322,6 +342,13 @@ class Bench(_Model):
                         bad(f"{where}.{field}", f"port {port} is already used by {used_ports[port]}")
                     used_ports[port] = owner
 
+        for key in self.published:
+            from harness.published import all_published
+
+            if key not in all_published():
+                bad(f"published.{key}", f"no published number {key!r}; see harness/published.yaml")
+        if ":" not in self.recovery.controller:
+            bad("recovery.controller", "expected module:factory, e.g. harness.controller:ReferenceController")
         if self.job is not None:
             hosts = {h.name for h in self.topology.hosts}
             for ri, rank_host in enumerate(self.job.ranks):

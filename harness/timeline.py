@@ -63,6 +63,13 @@ class Timeline:
         finally:
             span.end_ns = self.clock()
 
+    def add_span(self, name: str, start_ns: int, end_ns: int, *, error: str | None = None, **attrs) -> Span:
+        """A span whose instants were measured elsewhere (a host's report, a fault's instant)."""
+        span = Span(name, start_ns, end_ns, attrs, error)
+        with self._lock:
+            self.spans.append(span)
+        return span
+
     def event(self, name: str, t_ns: int | None = None, *, uncertainty_ns: int = 0, source: str = "harness",
               **attrs) -> Event:
         ev = Event(name, self.clock() if t_ns is None else t_ns, uncertainty_ns, source, attrs)

@@ -398,6 +398,13 @@ class World:
             self.changed.notify_all()
             return event
 
+    def repair_gpu(self, host: str, index: int = 0) -> None:
+        """A replaced or reset GPU: healthy again from now on."""
+        with self.lock:
+            gpu = self.gpus[(host, index)]
+            gpu.failed_ns = gpu.xid = None
+            self.record(self.now_ns(), "gpu.repaired", f"{host}/{index}")
+
     def gpu_failed(self, host: str, index: int = 0, t_ns: int | None = None) -> bool:
         t = self.now_ns() if t_ns is None else t_ns
         with self.lock:
@@ -508,3 +515,17 @@ class World:
     def wait_for_change(self, timeout_s: float) -> None:
         with self.lock:
             self.changed.wait(timeout_s)
+
+    # -- the migration baseline: a checkpoint copied to a reserved rack outside the fabric ------
+
+    def transfer_checkpoint(self, checkpoint_bytes: float, network_gbps: float, scheduling_s: float) -> int:
+        """Claim a reserved rack and copy the checkpoint to it; returns when it is restored
+        (the emulated duration of scheduling plus the copy), with the instant recorded."""
+        start = self.now_ns()
+        done = start + self.scaled_ns(scheduling_s + checkpoint_bytes * 8 / (network_gbps * 1e9))
+        self.record(start, "migration.start", "reserved-rack", bytes=checkpoint_bytes)
+        with self.lock:
+            while self.now_ns() < done:
+                self.changed.wait((done - self.now_ns()) / 1e9)  # the copy takes this long
+        self.record(done, "migration.restored", "reserved-rack")
+        return done

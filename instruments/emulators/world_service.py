@@ -105,16 +105,27 @@ class WorldService:
                     remaining = min(remaining, max(0.0, (nxt - world.now_ns()) / 1e9) + 1e-4)
                 world.changed.wait(remaining)
 
-    def rpc_job_step(self, ranks: list[str], rank: int, gradient_bytes: float, compute_time_s: float) -> dict:
+    def rpc_job_event(self, host: str, rank: int, what: str, step: int | None = None) -> int:
+        """The emulated job says what it just did ("ready", "step"); the world keeps the instant."""
+        t = self.world.now_ns()
+        self.world.record(t, f"job.{what}", host, rank=rank, step=step)
+        return t
+
+    def rpc_job_step(self, ranks: list[str], rank: int, gradient_bytes: float, compute_time_s: float,
+                     fixed_bandwidth_gbps: float | None = None) -> dict:
         """What one data-parallel step costs now: compute, then a ring all-reduce of the gradients
         over the optical links (busbw = the slowest hop; algorithm bytes 2(n-1)/n)."""
         world = self.world
         host = ranks[rank]
+        n = len(ranks)
+        if fixed_bandwidth_gbps:  # a rack outside the optical fabric (the migration baseline)
+            comm = gradient_bytes * 2 * (n - 1) / n / (fixed_bandwidth_gbps * 1e9 / 8) if n > 1 else 0.0
+            return {"failed": False, "step_time_s": world.scaled_ns(compute_time_s + comm) / 1e9,
+                    "bandwidth_gbps": fixed_bandwidth_gbps}
         if world.host_failed(host):
             return {"failed": True, "step_time_s": None, "bandwidth_gbps": 0.0}
         if any(world.host_failed(h) for h in ranks):
             return {"failed": False, "step_time_s": None, "bandwidth_gbps": 0.0, "stalled": "a peer failed"}
-        n = len(ranks)
         bw = world.ring_bandwidth_gbps(ranks)
         if n > 1 and bw <= 0:
             return {"failed": False, "step_time_s": None, "bandwidth_gbps": 0.0, "stalled": "no link"}

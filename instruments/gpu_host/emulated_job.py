@@ -23,16 +23,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup-time-s", type=float, default=1.0)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=10**9)
+    parser.add_argument("--fixed-bandwidth-gbps", type=float, default=None,
+                        help="run outside the optical fabric at this bus bandwidth (migration baseline)")
     args = parser.parse_args(argv)
     world = WorldClient(args.world)
     ranks = args.ranks.split(",")
     scale = world.call("time_scale")
+    host = ranks[args.rank]
     time.sleep(args.startup_time_s * scale)  # emulated process launch and communicator set-up
+    world.call("job_event", host=host, rank=args.rank, what="ready")
     print(json.dumps({"event": "ready", "rank": args.rank, "world_size": len(ranks)}), flush=True)
     step = 0
     while step < args.steps:
         cost = world.call("job_step", ranks=ranks, rank=args.rank, gradient_bytes=args.gradient_bytes,
-                          compute_time_s=args.compute_time_s)
+                          compute_time_s=args.compute_time_s, fixed_bandwidth_gbps=args.fixed_bandwidth_gbps)
         if cost["failed"]:
             print(f"CUDA error: unspecified launch failure (GPU of {ranks[args.rank]} is lost, XID 79)", flush=True)
             return 1
@@ -41,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         time.sleep(cost["step_time_s"])  # the emulated step's compute and communication
         step += 1
+        world.call("job_event", host=host, rank=args.rank, what="step", step=step)  # ground truth
         print(json.dumps({"step": step, "step_time_s": round(cost["step_time_s"], 6),
                           "samples_per_s": round(args.batch / cost["step_time_s"], 3),
                           "bus_bandwidth_gbps": cost["bandwidth_gbps"]}), flush=True)

@@ -1,0 +1,377 @@
+"""The reference recovery controller, and the interface a lab's own controller implements.
+
+detect (event-driven: XID events, carrier down, the job exiting) -> plan (a spare from the
+topology; circuits to remove and add; protected ports refused) -> switch (waits for completion)
+-> light (every new path has light) -> link (every NIC on them reports carrier) -> restart (the
+job on the new rank map) -> first step. Each phase is a span on the bench's timeline; every wait
+has a deadline from the bench file, so a recovery ends (recovered, degraded or failed), never
+hangs.
+
+A bench names the controller under test with ``recovery.controller: module:factory``; the
+factory is called as ``factory(session, ranks)`` and returns a :class:`RecoveryController`.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+from contextlib import contextmanager
+import threading
+import time
+from dataclasses import dataclass, field
+
+from harness.errors import HarnessError, SafetyError
+from instruments.protocols import InstrumentError
+
+PHASES = ("detect", "plan", "switch", "light", "link", "restart", "first_step")
+_WATCH_WINDOW_S = 0.25  # how long each watcher's event wait lasts before it checks for disarm
+
+
+@dataclass
+class Detection:
+    kind: str  # "xid", "link_down", "job_exit"
+    host: str
+    t_ns: int  # harness clock
+    uncertainty_ns: int = 0
+    detail: dict = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    failed_host: str | None
+    spare: str | None
+    ranks_before: list[str]
+    ranks_after: list[str]
+    remove: list[tuple[int, int]] = field(default_factory=list)
+    add: list[tuple[int, int]] = field(default_factory=list)
+    diagnosis: str = ""
+
+
+@dataclass
+class RecoveryResult:
+    status: str  # "recovered", "degraded", "failed"
+    reason: str = ""
+    detection: Detection | None = None
+    plan: Plan | None = None
+    phases: dict[str, tuple[int, int]] = field(default_factory=dict)
+    restarted_ns: int | None = None
+    first_step_ns: int | None = None
+    first_step_uncertainty_ns: int = 0
+
+    def phase_s(self, name: str) -> float | None:
+        if name not in self.phases:
+            return None
+        start, end = self.phases[name]
+        return (end - start) / 1e9
+
+
+class RecoveryError(HarnessError):
+    pass
+
+
+class RecoveryController(abc.ABC):
+    """What the recovery suite drives: ``arm`` before the fault, ``recover`` after it."""
+
+    def __init__(self, session, ranks: list[str]):
+        self.session = session
+        self.ranks = list(ranks)
+
+    @abc.abstractmethod
+    def arm(self) -> None:
+        """Start watching for failures of the running job."""
+
+    @abc.abstractmethod
+    def recover(self, fault_ns: int | None = None) -> RecoveryResult:
+        """Wait for a failure, recover from it, and report. ``fault_ns`` (when the harness made
+        the fault) starts the detect phase; without it, detection time is all that is known."""
+
+    def disarm(self) -> None:
+        """Stop watching."""
+
+
+def load_controller(session, ranks: list[str]) -> RecoveryController:
+    spec = session.bench.recovery.controller
+    module_name, _, factory_name = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), factory_name)
+    except (ImportError, AttributeError) as exc:
+        raise RecoveryError(f"recovery.controller {spec!r}: cannot load it: {exc}") from None
+    controller = factory(session, ranks)
+    if not isinstance(controller, RecoveryController):
+        raise RecoveryError(f"recovery.controller {spec!r} did not return a RecoveryController")
+    return controller
+
+
+class ReferenceController(RecoveryController):
+    def __init__(self, session, ranks: list[str]):
+        super().__init__(session, ranks)
+        self.bench = session.bench
+        self.timeline = session.timeline
+        self._detected: list[Detection] = []
+        self._found = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # -- detect ----------------------------------------------------------------------------------
+
+    def arm(self) -> None:
+        self._stop.clear()
+        self._found.clear()
+        self._detected.clear()
+        connected_rx = set(self.session.switch.connections().values())
+        for host_name in self.ranks:
+            agent = self.session.hosts[host_name]
+            self._watch(self._watch_xid, agent, host_name)
+            self._watch(self._watch_job, agent, host_name)
+            for nic in self.bench.host(host_name).nics:
+                if nic.rx_port in connected_rx:
+                    self._watch(self._watch_link, agent, host_name, nic.interface or nic.name, nic.name)
+
+    def _watch(self, target, *args) -> None:
+        thread = threading.Thread(target=self._guarded, args=(target, *args), daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _guarded(self, target, *args) -> None:
+        try:
+            target(*args)
+        except InstrumentError as exc:  # an agent that dies is itself a failure of that host
+            if not self._stop.is_set():
+                self._report(Detection("agent_lost", args[1], self.timeline.clock(), detail={"error": str(exc)}))
+
+    def _report(self, detection: Detection) -> None:
+        self._detected.append(detection)
+        self._found.set()
+
+    def _watch_xid(self, agent, host: str) -> None:
+        while not self._stop.is_set():
+            event = agent.wait_xid(_WATCH_WINDOW_S)
+            if event is not None and event.get("xid") in (79, 48, 74, 94, 95):  # the GPU cannot go on
+                self._report(Detection("xid", host, event["t_ns"], event["uncertainty_ns"], event))
+                return
+
+    def _watch_link(self, agent, host: str, interface: str, nic: str) -> None:
+        while not self._stop.is_set():
+            state = agent.wait_link(interface, up=False, timeout_s=_WATCH_WINDOW_S)
+            if not state["timed_out"]:  # detected when the host saw it (since_ns: when it happened)
+                self._report(Detection("link_down", host, state["t_ns"], state["uncertainty_ns"], {"nic": nic, **state}))
+                return
+
+    def _watch_job(self, agent, host: str) -> None:
+        while not self._stop.is_set():
+            status = agent.wait_step(10**12, _WATCH_WINDOW_S)
+            if not status["running"] and status.get("pid") is not None:
+                self._report(Detection("job_exit", host, self.timeline.clock(), 0, {"returncode": status["returncode"],
+                                                                "last_lines": status.get("last_lines", [])}))
+                return
+
+    def wait_detection(self, timeout_s: float) -> Detection | None:
+        """The first failure seen since ``arm`` (None if none within the timeout)."""
+        return self._first_detection() if self._found.wait(timeout_s) else None
+
+    def disarm(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=_WATCH_WINDOW_S * 4 + self.session.bench.deadlines.opc_s)
+        self._threads.clear()
+
+    # -- recover ---------------------------------------------------------------------------------
+
+    def recover(self, fault_ns: int | None = None) -> RecoveryResult:
+        deadlines = self.bench.deadlines
+        result = RecoveryResult("failed")
+        give_up = time.monotonic() + deadlines.recovery_s
+        try:
+            with self._phase(result, "detect", fault_ns) as marks:
+                if not self._found.wait(deadlines.recovery_s):
+                    result.reason = f"no failure detected within {deadlines.recovery_s:g} s"
+                    return result
+                result.detection = self._first_detection()
+                marks["end"] = result.detection.t_ns
+            self.disarm()
+            with self._phase(result, "plan"):
+                plan = self.plan(result.detection)
+                result.plan = plan
+            if plan.ranks_after == []:
+                result.status, result.reason = "degraded", plan.diagnosis
+                return result
+            with self._phase(result, "switch"):
+                if plan.remove:
+                    self.session.switch.disconnect(plan.remove)
+                if plan.add:
+                    self.session.switch.connect(plan.add)
+            with self._phase(result, "light"):
+                self._verify_light(plan.add, min(deadlines.light_s, self._left(give_up)))
+            with self._phase(result, "link"):
+                self._wait_links(plan.add, min(deadlines.link_up_s, self._left(give_up)))
+            with self._phase(result, "restart"):
+                self.session.stop_job()
+                self.session.start_job(plan.ranks_after)
+                result.restarted_ns = self.timeline.clock()
+            with self._phase(result, "first_step") as marks:
+                lead = self.session.hosts[plan.ranks_after[0]]
+                status = lead.wait_step(1, self._left(give_up))
+                if not status.get("reached"):
+                    raise RecoveryError(f"the job did not complete a step on {plan.ranks_after} "
+                                        f"({'timed out' if status.get('timed_out') else 'it exited'}: "
+                                        f"{' | '.join(status.get('last_lines', [])[-2:])})")
+                result.first_step_ns = status["progress"]["t_ns"]
+                result.first_step_uncertainty_ns = lead.clock.uncertainty_ns
+                marks["end"] = result.first_step_ns
+            self.ranks = plan.ranks_after
+            result.status = "recovered"
+            result.reason = plan.diagnosis
+        except (RecoveryError, SafetyError, InstrumentError) as exc:
+            result.status = "degraded" if isinstance(exc, SafetyError) else "failed"
+            result.reason = str(exc)
+        finally:
+            self.disarm()
+        return result
+
+    def _first_detection(self) -> Detection:
+        # Several watchers may fire for one fault (an XID and then the job's exit): the most
+        # telling one that came first is what happened.
+        order = {"xid": 0, "link_down": 1, "agent_lost": 2, "job_exit": 3}
+        return min(self._detected, key=lambda d: (d.t_ns, order.get(d.kind, 9)))
+
+    @staticmethod
+    def _left(give_up: float) -> float:
+        left = give_up - time.monotonic()
+        if left <= 0:
+            raise RecoveryError("the recovery deadline (deadlines.recovery_s) passed")
+        return left
+
+    @contextmanager
+    def _phase(self, result: RecoveryResult, name: str, start_ns: int | None = None):
+        """A recovery phase: its interval goes on the result and, as a span, on the timeline.
+        The body may set ``marks["end"]`` when the phase truly ended earlier than now (the
+        instant a host reported, say)."""
+        marks = {"start": start_ns if start_ns is not None else self.timeline.clock()}
+        error = None
+        try:
+            yield marks
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            end = marks.get("end") or self.timeline.clock()
+            result.phases[name] = (marks["start"], end)
+            self.timeline.add_span(f"recovery.{name}", marks["start"], end, error=error)
+
+    # -- plan ------------------------------------------------------------------------------------
+
+    def plan(self, detection: Detection) -> Plan:
+        ranks = list(self.ranks)
+        if detection.kind == "job_exit" and not self._host_lost(detection.host):
+            return Plan(None, None, ranks, ranks, diagnosis=f"the job exited on {detection.host} "
+                        f"(return code {detection.detail.get('returncode')}); its GPU and links are healthy: restart in place")
+        failed = self._diagnose(detection)
+        spare = self._pick_spare(ranks)
+        if spare is None:
+            return Plan(failed, None, ranks, [], diagnosis=f"{failed} failed ({detection.kind}) and no spare GPU is left: "
+                        "the job cannot be recovered on this fabric (degraded)")
+        remove, add = self._rewire(failed, spare)
+        protected = set(self.bench.safety.protected_ports)
+        touched = sorted({p for pair in remove + add for p in pair} & protected)
+        if touched:
+            raise SafetyError(f"replacing {failed} by {spare} needs protected port(s) {touched}; refused "
+                              "(protected ports are never switched): degraded")
+        after = [spare if h == failed else h for h in ranks]
+        return Plan(failed, spare, ranks, after, remove, add,
+                    diagnosis=f"{failed} replaced by spare {spare} after {detection.kind}")
+
+    def _host_lost(self, host: str) -> bool:
+        try:
+            return any(gpu.get("lost") for gpu in self.session.hosts[host].health())
+        except InstrumentError:
+            return True
+        except Exception:
+            return False
+
+    def _diagnose(self, detection: Detection) -> str:
+        if detection.kind != "link_down":
+            return detection.host
+        # Which end of the dark link failed: a port the switch reports failed, else the light
+        # arriving at the ingress (a dim transmitter), else the receiving end.
+        nic = next(n for n in self.bench.host(detection.host).nics if n.name == detection.detail["nic"])
+        feeding = next((i for i, e in self.session.switch.connections().items() if e == nic.rx_port), None)
+        if feeding is None:
+            return detection.host
+        sender = self.bench.nic_on_tx_port(feeding)
+        try:
+            states = self.session.switch.port_states([feeding, nic.rx_port])
+            if states[feeding].value != "E" and sender is not None:
+                return sender[0].name
+            if states[nic.rx_port].value != "E":
+                return detection.host
+        except (InstrumentError, AttributeError):
+            pass
+        if self.session.switch.has_power_monitors and sender is not None:
+            arriving = self.session.switch.port_power_dbm([feeding])[feeding]
+            if arriving < self.bench.limits.receiver_sensitivity_dbm.value:
+                return sender[0].name
+        return detection.host
+
+    def _pick_spare(self, ranks: list[str]) -> str | None:
+        for host in self.bench.topology.hosts:
+            if host.name in ranks or not any(g.role == "spare" for g in host.gpus):
+                continue
+            if not self._host_lost(host.name):
+                return host.name
+        return None
+
+    def _rewire(self, failed: str, spare: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        f_nics, s_nics = self.bench.host(failed).nics, self.bench.host(spare).nics
+        tx_map = {f.tx_port: s.tx_port for f, s in zip(f_nics, s_nics)}
+        rx_map = {f.rx_port: s.rx_port for f, s in zip(f_nics, s_nics)}
+        spare_ports = {p for n in s_nics for p in (n.tx_port, n.rx_port)}
+        remove, add = [], []
+        for ingress, egress in sorted(self.session.switch.connections().items()):
+            if ingress in tx_map or egress in rx_map:
+                remove.append((ingress, egress))
+                add.append((tx_map.get(ingress, ingress), rx_map.get(egress, egress)))
+            elif ingress in spare_ports or egress in spare_ports:
+                remove.append((ingress, egress))  # the spare's ports must be free
+        return remove, add
+
+    # -- verify ----------------------------------------------------------------------------------
+
+    def _verify_light(self, circuits: list[tuple[int, int]], deadline_s: float) -> None:
+        threshold = self.bench.limits.receiver_sensitivity_dbm.value
+        end = time.monotonic() + deadline_s
+        for _, egress in circuits:
+            detector = next(iter(self.bench.detectors_for_port(egress)), None)
+            if detector is None:
+                continue  # no detector on this path: the link check below still covers it
+            while True:
+                power = self.session.detector_dbm(detector)
+                nic = self.bench.nic_on_rx_port(egress)
+                received = power - (nic[1].rx_fibre_loss_db if nic else 0.0) if isinstance(power, float) else None
+                if received is not None and received >= threshold:
+                    break
+                if time.monotonic() > end:
+                    raise RecoveryError(f"no light at egress port {egress} ({detector.name} reads {power})")
+
+    def _wait_links(self, circuits: list[tuple[int, int]], deadline_s: float) -> None:
+        waits = []
+        for _, egress in circuits:
+            owner = self.bench.nic_on_rx_port(egress)
+            if owner is not None:
+                host, nic = owner
+                waits.append((host.name, nic.interface or nic.name))
+        results: dict = {}
+
+        def wait(host: str, interface: str) -> None:
+            try:
+                results[(host, interface)] = self.session.hosts[host].wait_link(interface, up=True, timeout_s=deadline_s)
+            except InstrumentError as exc:
+                results[(host, interface)] = {"timed_out": True, "error": str(exc)}
+
+        threads = [threading.Thread(target=wait, args=w) for w in waits]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        down = [f"{h}.{i}" for (h, i), r in results.items() if r.get("timed_out")]
+        if down:
+            raise RecoveryError(f"link(s) {down} did not come up within {deadline_s:g} s")

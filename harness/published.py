@@ -1,0 +1,57 @@
+"""The registry of published numbers (harness/published.yaml), with a bench's corrections."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from harness.measurements import Spec
+
+REGISTRY = Path(__file__).with_name("published.yaml")
+
+
+class Published(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    quantity: str
+    value: float
+    unit: str
+    bound: Literal["about", "at_most", "at_least"]
+    conditions: str
+    source: str
+    confidence: Literal["primary", "secondary", "cost-model", "lab-doc", "bench"]
+
+    def cite(self) -> str:
+        return f"{self.source} ({self.confidence}; {self.conditions})"
+
+
+@lru_cache(maxsize=1)
+def _registry() -> dict[str, Published]:
+    data = yaml.safe_load(REGISTRY.read_text(encoding="utf-8"))
+    return {key: Published.model_validate(entry) for key, entry in data.items()}
+
+
+def published(key: str, overrides: dict | None = None) -> Published:
+    """A published figure, corrected by the bench's ``published:`` section where it has one."""
+    base = _registry().get(key)
+    if base is None:
+        raise KeyError(f"no published number {key!r}; known: {', '.join(sorted(_registry()))}")
+    change = (overrides or {}).get(key)
+    if change:
+        base = base.model_copy(update={**change, "confidence": change.get("confidence", "bench")})
+    return base
+
+
+def all_published() -> dict[str, Published]:
+    return dict(_registry())
+
+
+def upper_limit(name: str, key: str, overrides: dict | None = None, marginal_fraction: float = 0.1) -> Spec:
+    """A measurement judged as "no more than the published figure"."""
+    p = published(key, overrides)
+    return Spec(name, p.unit, high=p.value, source=f"{p.quantity}: {p.value:g} {p.unit}, {p.cite()}",
+                marginal_fraction=marginal_fraction)

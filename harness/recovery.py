@@ -1,0 +1,109 @@
+"""What the recovery suite needs beside the controller: a light probe (the light at the ports a
+recovery lights, sampled for the plot), the comparison with the emulated world's ground truth
+(the controller's overhead per phase), and the migration baseline (recovery without a fabric)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from harness.controller import PHASES, RecoveryResult
+
+
+class LightProbe:
+    """Samples the power at some detectors in the background while a recovery runs."""
+
+    def __init__(self, session, detectors, interval_s: float = 0.002):
+        self.session, self.detectors, self.interval_s = session, list(detectors), interval_s
+        self.samples: dict[str, list[tuple[int, float | None]]] = {d.name: [] for d in self.detectors}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="light-probe")
+
+    def __enter__(self) -> "LightProbe":
+        if self.detectors:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for det in self.detectors:
+                try:
+                    value = self.session.detector_dbm(det)
+                except Exception:  # the probe never disturbs a recovery
+                    value = None
+                self.samples[det.name].append((time.perf_counter_ns(), value if isinstance(value, float) else None))
+            self._stop.wait(self.interval_s)
+
+
+@dataclass
+class GroundTruth:
+    fault_ns: int
+    first_step_ns: int | None
+    physical_s: dict[str, float] = field(default_factory=dict)  # per phase: time spent waiting on physics
+
+    @property
+    def total_s(self) -> float | None:
+        return None if self.first_step_ns is None else (self.first_step_ns - self.fault_ns) / 1e9
+
+
+def ground_truth(world, fault_ns: int, result: RecoveryResult) -> GroundTruth:
+    """The emulated world's record of the same recovery: when the fault truly happened, when the
+    first step truly completed, and how much of each phase was physics (beams settling, links
+    locking, the job starting and stepping) rather than the controller."""
+    lead = result.plan.ranks_after[0] if result.plan else None
+    steps = [e for e in world.events_of("job.step", lead) if e.t_ns > (result.restarted_ns or fault_ns)
+             and e.detail.get("step") == 1]
+    truth = GroundTruth(fault_ns, steps[0].t_ns if steps else None)
+    lit = [e.t_ns for e in world.events_of("circuit.lit") if e.t_ns > fault_ns]
+    ups = []
+    if result.plan:
+        for _, egress in result.plan.add:
+            owner = world.bench.nic_on_rx_port(egress)
+            if owner:
+                state, since = world.link_state(owner[0].name, owner[1].name)
+                if state == "up":
+                    ups.append(since)
+    physics_end = {"switch": max(lit) if lit else None, "link": max(ups) if ups else None,
+                   "first_step": truth.first_step_ns}
+    for phase in PHASES:
+        if phase not in result.phases:
+            continue
+        start, end = result.phases[phase]
+        until = physics_end.get(phase)
+        truth.physical_s[phase] = 0.0 if until is None else max(0.0, min(until, end) - start) / 1e9
+    return truth
+
+
+def migrate_to_reserved_rack(session, ranks: list[str]) -> dict:
+    """Recovery without an optical fabric, on the emulated world: stop the job, claim an idle
+    reserved rack, copy the checkpoint to it, and restart there on its electrical network.
+    Returns the instants (harness clock) and the job's step time there."""
+    from instruments.gpu_host.jobs import JobControl
+
+    world = session.world
+    if world is None or session.emulated.world_service is None:
+        raise ValueError("the migration baseline runs on an emulated bench (a reserved rack is not on a real one)")
+    settings = session.bench.recovery.migration
+    job = session.bench.job
+    session.stop_job()
+    restored_ns = world.transfer_checkpoint(settings.checkpoint_bytes, settings.network_gbps, settings.scheduling_s)
+    reserved = [f"reserved-{i}" for i in range(len(ranks))]
+    argv = session.emulated.job_argv(reserved) + ["--fixed-bandwidth-gbps", str(settings.electrical_busbw_gbps)]
+    control = JobControl("/tmp/lumion-hil-migration", clock_ns=time.perf_counter_ns)
+    control.start(argv, {"rank": 0})
+    try:
+        status = control.wait_step(2, session.bench.deadlines.recovery_s)
+        if not status["reached"]:
+            raise RuntimeError(f"the job did not step on the reserved rack: {status['last_lines']}")
+        first = world.events_of("job.step", "reserved-0")
+        return {"restored_ns": restored_ns, "first_step_ns": first[0].t_ns,
+                "step_time_s": status["progress"].get("step_time_s"),
+                "samples_per_s": status["progress"].get("samples_per_s")}
+    finally:
+        control.stop(timeout_s=5)
