@@ -132,12 +132,17 @@ def _build_report(results: Path) -> int:
 @main.command()
 @_bench_option
 @_scale_option
-def emulate(bench_path: Path, time_scale: float | None) -> None:
-    """Serve the emulated instruments of a bench in the foreground.
+@click.option("--bench-out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write a bench file pointing at what is served: runs against it treat the "
+                   "emulated bench like a real one that outlives them.")
+def emulate(bench_path: Path, time_scale: float | None, bench_out: Path | None) -> None:
+    """Serve the emulated instruments (and hosts) of a bench in the foreground.
 
     Prints each instrument's VISA resource string, so any VISA tool or script can talk to it
     (pyvisa: ResourceManager('@py').open_resource(..., read_termination='\\n')). Ctrl-C stops."""
-    from instruments.emulators.bench import EmulatedBench
+    import yaml
+
+    from instruments.emulators.bench import EmulatedBench, served_bench
 
     bench = _load_or_exit(bench_path, time_scale)
     if not bench.any_emulated:
@@ -152,6 +157,11 @@ def emulate(bench_path: Path, time_scale: float | None) -> None:
         for name, spec in bench.instruments.items():
             if not spec.emulated:
                 click.echo(f"{name}\t{spec.model}\t(not emulated: {spec.resource})")
+        if emulated.world_service is not None:
+            click.echo(f"hosts\tworld\t{emulated.world_service.address}")
+        if bench_out:
+            bench_out.write_text(yaml.safe_dump(served_bench(bench, emulated), sort_keys=False), encoding="utf-8")
+            click.echo(f"lumion-hil: wrote {bench_out}", err=True)
         click.echo("lumion-hil: ready; Ctrl-C to stop", err=True)
         sys.stdout.flush()
         try:

@@ -175,6 +175,11 @@ class Host(_Model):
     def emulated(self) -> bool:
         return self.address == EMULATED
 
+    @property
+    def world_address(self) -> str | None:
+        """For a host emulated by a world served elsewhere (``world:HOST:PORT``)."""
+        return self.address.removeprefix("world:") if self.address.startswith("world:") else None
+
 
 class Job(_Model):
     """The training job the suites run and recover: its ranks in order, and its command."""

@@ -13,6 +13,7 @@ from harness.config import Bench, Detector, MeterInstrument, SwitchInstrument
 from harness.lock import BenchLock
 from harness.safety import GuardedSwitch
 from harness.timeline import Timeline
+from instruments.emulators.bench import agent_argv as emulated_agent_argv, job_argv as emulated_job_argv
 from instruments.gpu_host.client import AgentClient, local_agent_argv, ssh_agent_argv
 from instruments.protocols import OutOfRange
 
@@ -71,6 +72,8 @@ class BenchSession:
     def _agent_argv(self, host) -> list[str]:
         if host.emulated:
             return self.emulated.agent_argv(host.name)
+        if host.world_address:
+            return emulated_agent_argv(host.world_address, host)
         if host.address == "local":
             return local_agent_argv(host.python)
         return ssh_agent_argv(host.address, host.python)
@@ -83,9 +86,12 @@ class BenchSession:
             raise ValueError(f"bench {self.bench.name!r} has no job section")
         if job.command:
             return list(job.command)
-        if self.emulated is None or self.emulated.world_service is None:
-            raise ValueError(f"bench {self.bench.name!r}: job.command is empty and its hosts are not emulated")
-        return self.emulated.job_argv(ranks)
+        if self.emulated is not None and self.emulated.world_service is not None:
+            return self.emulated.job_argv(ranks)
+        world = self.bench.host(ranks[0]).world_address
+        if world:
+            return emulated_job_argv(world, job, ranks)
+        raise ValueError(f"bench {self.bench.name!r}: job.command is empty and its hosts are not emulated")
 
     def start_job(self, ranks: list[str]) -> dict[str, dict]:
         """Start every rank of the job on its host (rank 0 is the master)."""
@@ -95,7 +101,8 @@ class BenchSession:
         started = {}
         for rank, host_name in enumerate(ranks):
             fields = {"rank": rank, "world_size": len(ranks), "gpu": 0, "master_port": job.master_port,
-                      "master_addr": "127.0.0.1" if master.emulated or master.address == "local" else master.address.split("@")[-1],
+                      "master_addr": "127.0.0.1" if master.emulated or master.world_address or master.address == "local"
+                           else master.address.split("@")[-1],
                       "heartbeat": f"{job.heartbeat_dir}/rank{rank}.jsonl"}
             started[host_name] = self.hosts[host_name].start_job(command, fields)
         return started

@@ -71,17 +71,10 @@ class EmulatedBench:
     def agent_argv(self, host_name: str, *extra: str) -> list[str]:
         """How to start the agent of an emulated host: the real agent program, its NVML, links
         and job served by this world."""
-        host = next(h for h in self.bench.topology.hosts if h.name == host_name)
-        interfaces = ",".join(f"{n.interface or n.name}={n.name}" for n in host.nics)
-        return [sys.executable, "-m", "instruments.gpu_host.agent", "--world", self.world_service.address,
-                "--host", host.name, "--interfaces", interfaces, *extra]
+        return agent_argv(self.world_service.address, self.bench.host(host_name), *extra)
 
     def job_argv(self, ranks: list[str]) -> list[str]:
-        """The emulated training job's command template (one rank; {rank} filled by the agent)."""
-        job = self.bench.job
-        return [sys.executable, "-m", "instruments.gpu_host.emulated_job", "--world", self.world_service.address,
-                "--ranks", ",".join(ranks), "--rank", "{rank}", "--gradient-bytes", str(job.gradient_bytes),
-                "--compute-time-s", str(job.compute_time_s), "--startup-time-s", str(job.startup_time_s)]
+        return job_argv(self.world_service.address, self.bench.job, ranks)
 
     def stop(self) -> None:
         for server in self.servers.values():
@@ -96,3 +89,31 @@ class EmulatedBench:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def agent_argv(world_address: str, host, *extra: str) -> list[str]:
+    """The agent of an emulated host served by the world at ``world_address``."""
+    interfaces = ",".join(f"{n.interface or n.name}={n.name}" for n in host.nics)
+    return [sys.executable, "-m", "instruments.gpu_host.agent", "--world", world_address,
+            "--host", host.name, "--interfaces", interfaces, *extra]
+
+
+def job_argv(world_address: str, job, ranks: list[str]) -> list[str]:
+    """The emulated training job's command template (one rank; {rank} filled by the agent)."""
+    return [sys.executable, "-m", "instruments.gpu_host.emulated_job", "--world", world_address,
+            "--ranks", ",".join(ranks), "--rank", "{rank}", "--gradient-bytes", str(job.gradient_bytes),
+            "--compute-time-s", str(job.compute_time_s), "--startup-time-s", str(job.startup_time_s)]
+
+
+def served_bench(bench, emulated: "EmulatedBench") -> dict:
+    """The bench as data, pointing at what ``emulated`` serves: instruments at their served
+    addresses, emulated hosts at ``world:HOST:PORT``. Runs against it treat it as a real bench."""
+    data = bench.model_dump(mode="json")
+    data["name"] = f"{bench.name}-served"
+    for name, resource in emulated.resources.items():
+        data["instruments"][name]["resource"] = resource
+    if emulated.world_service is not None:
+        for host in data["topology"]["hosts"]:
+            if host["address"] == "emulated":
+                host["address"] = f"world:{emulated.world_service.address}"
+    return data

@@ -252,7 +252,10 @@ class _LineHandler(socketserver.StreamRequestHandler):
         device: ScpiDevice = self.server.device  # type: ignore[attr-defined]
         self.server.clients_seen += 1  # type: ignore[attr-defined]
         while True:
-            raw = self.rfile.readline()
+            try:
+                raw = self.rfile.readline()
+            except ConnectionError:  # the client went away mid-line
+                return
             if not raw:
                 return
             if "drop" in device.faults:
@@ -267,8 +270,11 @@ class _LineHandler(socketserver.StreamRequestHandler):
             if "garbage" in device.faults:
                 reply = "\x7f#!garbage?%"
             data = reply if isinstance(reply, bytes) else reply.encode("ascii", "replace")
-            self.wfile.write(data + b"\n")
-            self.wfile.flush()
+            try:
+                self.wfile.write(data + b"\n")
+                self.wfile.flush()
+            except (ConnectionError, BrokenPipeError):
+                return
 
 
 class _ThreadingServer(socketserver.ThreadingTCPServer):

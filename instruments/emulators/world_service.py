@@ -17,7 +17,10 @@ class _Handler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         service: WorldService = self.server.service  # type: ignore[attr-defined]
         while True:
-            line = self.rfile.readline()
+            try:
+                line = self.rfile.readline()
+            except ConnectionError:  # a client that was killed (a job, an agent): nothing to answer
+                return
             if not line:
                 return
             request = wire.decode(line)
@@ -27,8 +30,11 @@ class _Handler(socketserver.StreamRequestHandler):
             except Exception as exc:  # reported to the caller, the service keeps serving
                 reply = {"id": request.get("id"), "ok": False,
                          "error": {"type": type(exc).__name__, "message": str(exc)}}
-            self.wfile.write(wire.encode(reply))
-            self.wfile.flush()
+            try:
+                self.wfile.write(wire.encode(reply))
+                self.wfile.flush()
+            except (ConnectionError, BrokenPipeError):
+                return
 
 
 class _Server(socketserver.ThreadingTCPServer):

@@ -1,0 +1,220 @@
+"""Recovery: the controller's promises, measured against the emulated world's ground truth."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.config import load_bench, parse_bench
+from harness.controller import RecoveryController, RecoveryError, RecoveryResult, load_controller
+from harness.faults import CATALOGUE, Fault, FaultNotPossible, Injector
+from harness.published import published
+from harness.recovery import ground_truth
+from harness.records import read_record
+from harness.session import BenchSession
+from reports.plots import recovery_figure, render
+from conftest import BENCHES, ROOT
+
+TEXT = (BENCHES / "emulated.yaml").read_text()
+
+
+def _session(text: str = TEXT, time_scale: float = 0.1):
+    return BenchSession.open(parse_bench(text, "test-bench.yaml", time_scale=time_scale))
+
+
+def _running(session):
+    ranks = list(session.bench.job.ranks)
+    session.start_job(ranks)
+    assert session.hosts[ranks[0]].wait_step(1, 60)["reached"]
+    return ranks
+
+
+def test_recovery_at_real_time_agrees_with_ground_truth_within_2_ms():
+    with _session(time_scale=1.0) as session:
+        ranks = _running(session)
+        controller = load_controller(session, ranks)
+        controller.arm()
+        fault = Fault("gpu_failure", "host1", xid=79)
+        fault_ns = Injector(session).inject(fault)
+        result = controller.recover(fault_ns)
+        assert result.status == "recovered", result.reason
+        assert result.plan.ranks_after == ["host0", "host3", "host2"]
+        truth = ground_truth(session.world, fault_ns, result)
+        measured = (result.first_step_ns - fault_ns) / 1e9
+        assert abs(measured - truth.total_s) <= 0.002, (measured, truth.total_s)
+        # The physics on the critical path: 4 connections of 50 ms each, lock plus link-up.
+        assert truth.physical_s["switch"] == pytest.approx(0.2, abs=0.01)
+        assert 0 <= result.phase_s("switch") - truth.physical_s["switch"] < 0.1
+        assert session.world.events_of("safety.violation") == []
+
+
+def test_spares_exhausted_is_a_clear_degraded_state_not_a_hang():
+    text = TEXT.replace("role: spare}", "role: active}")
+    with _session(text) as session:
+        ranks = _running(session)
+        controller = load_controller(session, ranks)
+        controller.arm()
+        started = time.monotonic()
+        fault_ns = Injector(session).inject(Fault("gpu_failure", "host2"))
+        result = controller.recover(fault_ns)
+        assert result.status == "degraded" and "no spare GPU is left" in result.reason
+        assert time.monotonic() - started < 10
+
+
+def test_protected_port_is_refused_even_when_it_is_the_only_path():
+    text = TEXT.replace("protected_ports: [16, 32]", "protected_ports: [7, 16, 32]")  # the spare's host3.p0 tx
+    with _session(text) as session:
+        ranks = _running(session)
+        before = session.switch.connections()
+        controller = load_controller(session, ranks)
+        controller.arm()
+        result = controller.recover(Injector(session).inject(Fault("gpu_failure", "host0")))
+        assert result.status == "degraded"
+        assert "needs protected port(s) [7]; refused" in result.reason
+        assert session.world.events_of("safety.violation") == []
+        assert session.switch.connections() == before
+
+
+def test_without_a_failure_recovery_ends_at_its_deadline():
+    text = TEXT.replace("  recovery_s: 120", "  recovery_s: 1")
+    with _session(text) as session:
+        ranks = _running(session)
+        controller = load_controller(session, ranks)
+        controller.arm()
+        started = time.monotonic()
+        result = controller.recover()
+        assert result.status == "failed" and "no failure detected within 1 s" in result.reason
+        assert time.monotonic() - started < 5
+
+
+class _LabController(RecoveryController):
+    def arm(self) -> None:
+        pass
+
+    def recover(self, fault_ns=None) -> RecoveryResult:
+        return RecoveryResult("failed", "the lab's controller is a stub in this test")
+
+
+def make_lab_controller(session, ranks):
+    return _LabController(session, ranks)
+
+
+def test_a_bench_names_its_own_controller():
+    text = TEXT.replace("deadlines:", "recovery:\n  controller: test_recovery:make_lab_controller\n\ndeadlines:", 1)
+    with _session(text) as session:
+        controller = load_controller(session, ["host0"])
+        assert isinstance(controller, _LabController)
+    broken = TEXT.replace("deadlines:", "recovery:\n  controller: no_such_module:factory\n\ndeadlines:", 1)
+    with _session(broken) as session:
+        with pytest.raises(RecoveryError, match="recovery.controller 'no_such_module:factory': cannot load it"):
+            load_controller(session, ["host0"])
+
+
+def test_faults_a_real_bench_cannot_make_say_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("LUMION_HIL_LOCK_DIR", str(tmp_path))
+    with _session() as session:
+        session.emulated.world, world = None, session.emulated.world  # seen as a real bench
+        injector = Injector(session)
+        injector.world = None
+        ok, why = injector.supported("gpu_failure")
+        assert not ok and "cannot be made to fail on demand" in why
+        with pytest.raises(FaultNotPossible, match="transceiver_degradation at host0.p0 .* variable optical attenuator"):
+            injector.inject(Fault("transceiver_degradation", "host0", "p0"))
+        assert injector.supported("fibre_cut")[0] and injector.supported("process_kill")[0]
+        session.emulated.world = world
+    assert set(CATALOGUE) == {"gpu_failure", "process_kill", "fibre_cut", "transceiver_degradation",
+                              "switch_port_failure"}
+
+
+def test_published_numbers_carry_their_source_and_a_bench_can_correct_them():
+    base = published("morphlux.first_step_s")
+    assert base.value == 25.6 and base.confidence == "secondary" and "2508.03674" in base.source
+    fixed = published("morphlux.first_step_s", {"morphlux.first_step_s": {"value": 24.0, "source": "our reading of Fig. 8c"}})
+    assert fixed.value == 24.0 and fixed.confidence == "bench"
+    with pytest.raises(Exception, match="no published number 'morphlux.typo'"):
+        parse_bench(TEXT.replace("deadlines:", "published:\n  morphlux.typo: {value: 1}\n\ndeadlines:", 1))
+
+
+def test_timeline_exports_json_and_a_plot():
+    with _session() as session:
+        ranks = _running(session)
+        controller = load_controller(session, ranks)
+        controller.arm()
+        fault_ns = Injector(session).inject(Fault("process_kill", "host0"))
+        result = controller.recover(fault_ns)
+        assert result.status == "recovered"
+        exported = json.loads(session.timeline.to_json())
+        names = {s["name"] for s in exported["spans"]}
+        assert {"recovery.detect", "recovery.restart", "recovery.first_step"} <= names
+        assert any(e["name"] == "fault.injected" for e in exported["events"])
+        fig = recovery_figure(result.phases, fault_ns, {"probe": [(fault_ns, -50.0), (fault_ns + 10**8, -3.6)]})
+        png, svg = render(fig, "png"), render(fig, "svg")
+        assert png.startswith(b"\x89PNG") and b"<svg" in svg[:400]
+
+
+def _connections(resource: str) -> str:
+    port = int(resource.split("::")[2])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b":OXC:SWIT:CONN:STAT?\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            data += sock.recv(4096)
+    return data.decode().strip()
+
+
+def test_killing_a_run_mid_recovery_keeps_its_record_and_the_next_run_restores_the_baseline(tmp_path):
+    served = tmp_path / "served.yaml"
+    emulator = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--time-scale", "0.2", "--bench-out", str(served)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        switch = next(line for line in emulator.stdout if line.startswith("ocs\t")).split("\t")[2].strip()
+        while not served.exists():
+            time.sleep(0.05)
+        pairs = sorted(load_bench(served).safety.baseline)
+        baseline = f"(@{','.join(str(i) for i, _ in pairs)}),(@{','.join(str(e) for _, e in pairs)})"
+        record = tmp_path / "run1.jsonl"
+        env = {**os.environ, "LUMION_HIL_LOCK_DIR": str(tmp_path)}
+        run1 = subprocess.Popen([sys.executable, "-m", "pytest", str(ROOT / "test_suites" / "test_recovery_time.py"),
+                                 "-p", "no:cacheprovider", "-k", "process_kill or fibre_cut", "--bench", str(served),
+                                 "--run-record", str(record), "-q"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=env, cwd=tmp_path)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the first recovery is recorded, the second is rewiring
+            done = record.exists() and any('"recovery_to_first_step"' in line for line in record.read_text().splitlines())
+            if done and _connections(switch) != baseline:
+                break
+            time.sleep(0.002)
+        else:
+            run1.kill()
+            pytest.fail(f"the run never reached its second recovery: {run1.stdout.read().decode()[-2000:]}")
+        run1.send_signal(signal.SIGKILL)
+        run1.wait()
+        assert _connections(switch) != baseline, "killed with the switch away from its baseline"
+
+        lines = record.read_text().splitlines()
+        assert all(json.loads(line) for line in lines), "every line of the record is whole"
+        names = [json.loads(line).get("name") for line in lines]
+        assert "recovery_to_restart" in names and "recovery_to_first_step" in names
+
+        probe = tmp_path / "test_probe.py"
+        probe.write_text(textwrap.dedent("""
+            def test_setup_restored_the_baseline(optical_switch, bench_file):
+                assert optical_switch.connections() == dict(bench_file.safety.baseline)
+        """))
+        run2 = subprocess.run([sys.executable, "-m", "pytest", str(probe), "-p", "no:cacheprovider", "--bench", str(served), "-q"],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+        assert run2.returncode == 0, run2.stdout[-2000:]
+        assert _connections(switch) == baseline
+    finally:
+        emulator.send_signal(signal.SIGINT)
+        emulator.wait(timeout=10)
