@@ -23,8 +23,11 @@ from dataclasses import dataclass, field
 from harness.errors import HarnessError, SafetyError
 from instruments.protocols import InstrumentError
 
-PHASES = ("detect", "plan", "switch", "light", "link", "restart", "first_step")
-_WATCH_WINDOW_S = 0.25  # how long each watcher's event wait lasts before it checks for disarm
+PHASES = ("detect", "plan", "switch", "light", "link", "retry", "restart", "first_step")
+_WATCH_WINDOW_S = 0.25
+# Light this far below the receiver's sensitivity is still light (a faded transmitter, a dirty
+# connector), not the darkness of a cut fibre or a failed port (meters read 40 dB lower there).
+DIM_LIGHT_DB = 20.0  # how long each watcher's event wait lasts before it checks for disarm
 
 
 @dataclass
@@ -45,6 +48,7 @@ class Plan:
     remove: list[tuple[int, int]] = field(default_factory=list)
     add: list[tuple[int, int]] = field(default_factory=list)
     diagnosis: str = ""
+    fallback: "Plan | None" = None  # where the diagnosis was a guess: the other end to try
 
 
 @dataclass
@@ -195,15 +199,19 @@ class ReferenceController(RecoveryController):
             if plan.ranks_after == []:
                 result.status, result.reason = "degraded", plan.diagnosis
                 return result
-            with self._phase(result, "switch"):
-                if plan.remove:
-                    self.session.switch.disconnect(plan.remove)
-                if plan.add:
-                    self.session.switch.connect(plan.add)
-            with self._phase(result, "light"):
-                self._verify_light(plan.add, min(deadlines.light_s, self._left(give_up)))
-            with self._phase(result, "link"):
-                self._wait_links(plan.add, min(deadlines.link_up_s, self._left(give_up)))
+            try:
+                self._apply(result, plan, give_up)
+            except RecoveryError as first:
+                if plan.fallback is None:
+                    raise
+                with self._phase(result, "retry"):  # the guessed end was wrong: put it back, try the other
+                    if plan.add:
+                        self.session.switch.disconnect(plan.add)
+                    if plan.remove:
+                        self.session.switch.connect(plan.remove)
+                    plan = result.plan = plan.fallback
+                    plan.diagnosis += f" (the first guess failed: {first})"
+                    self._apply(result, plan, give_up, record=False)
             with self._phase(result, "restart"):
                 self.session.stop_job()
                 self.session.start_job(plan.ranks_after)
@@ -227,6 +235,24 @@ class ReferenceController(RecoveryController):
         finally:
             self.disarm()
         return result
+
+    def _apply(self, result: RecoveryResult, plan: Plan, give_up: float, record: bool = True) -> None:
+        """Rewire, then check light and carrier on the new paths."""
+        deadlines = self.bench.deadlines
+        phase = self._phase if record else self._no_phase
+        with phase(result, "switch"):
+            if plan.remove:
+                self.session.switch.disconnect(plan.remove)
+            if plan.add:
+                self.session.switch.connect(plan.add)
+        with phase(result, "light"):
+            self._verify_light(plan.add, min(deadlines.light_s, self._left(give_up)))
+        with phase(result, "link"):
+            self._wait_links(plan.add, min(deadlines.link_up_s, self._left(give_up)))
+
+    @contextmanager
+    def _no_phase(self, result, name):
+        yield {}
 
     def _first_detection(self) -> Detection:
         # Several watchers may fire for one fault (an XID and then the job's exit): the most
@@ -265,11 +291,18 @@ class ReferenceController(RecoveryController):
         if detection.kind == "job_exit" and not self._host_lost(detection.host):
             return Plan(None, None, ranks, ranks, diagnosis=f"the job exited on {detection.host} "
                         f"(return code {detection.detail.get('returncode')}); its GPU and links are healthy: restart in place")
-        failed = self._diagnose(detection)
+        failed, other_end = self._diagnose(detection)
         spare = self._pick_spare(ranks)
         if spare is None:
             return Plan(failed, None, ranks, [], diagnosis=f"{failed} failed ({detection.kind}) and no spare GPU is left: "
                         "the job cannot be recovered on this fabric (degraded)")
+        plan = self._replacement(ranks, failed, spare, f"{detection.kind}")
+        if other_end is not None and other_end in ranks:
+            plan.diagnosis += f"; the receiving end was assumed (nothing shows which end of the link failed)"
+            plan.fallback = self._replacement(ranks, other_end, spare, f"{detection.kind}, the sending end")
+        return plan
+
+    def _replacement(self, ranks: list[str], failed: str, spare: str, why: str) -> Plan:
         remove, add = self._rewire(failed, spare)
         protected = set(self.bench.safety.protected_ports)
         touched = sorted({p for pair in remove + add for p in pair} & protected)
@@ -277,8 +310,7 @@ class ReferenceController(RecoveryController):
             raise SafetyError(f"replacing {failed} by {spare} needs protected port(s) {touched}; refused "
                               "(protected ports are never switched): degraded")
         after = [spare if h == failed else h for h in ranks]
-        return Plan(failed, spare, ranks, after, remove, add,
-                    diagnosis=f"{failed} replaced by spare {spare} after {detection.kind}")
+        return Plan(failed, spare, ranks, after, remove, add, diagnosis=f"{failed} replaced by spare {spare} after {why}")
 
     def _host_lost(self, host: str) -> bool:
         try:
@@ -288,29 +320,37 @@ class ReferenceController(RecoveryController):
         except Exception:
             return False
 
-    def _diagnose(self, detection: Detection) -> str:
+    def _diagnose(self, detection: Detection) -> tuple[str, str | None]:
+        """The host that failed, and (where that is a guess) the host at the other end."""
         if detection.kind != "link_down":
-            return detection.host
+            return detection.host, None
         # Which end of the dark link failed: a port the switch reports failed, else the light
         # arriving at the ingress (a dim transmitter), else the receiving end.
         nic = next(n for n in self.bench.host(detection.host).nics if n.name == detection.detail["nic"])
         feeding = next((i for i, e in self.session.switch.connections().items() if e == nic.rx_port), None)
         if feeding is None:
-            return detection.host
+            return detection.host, None
         sender = self.bench.nic_on_tx_port(feeding)
         try:
             states = self.session.switch.port_states([feeding, nic.rx_port])
             if states[feeding].value != "E" and sender is not None:
-                return sender[0].name
+                return sender[0].name, None
             if states[nic.rx_port].value != "E":
-                return detection.host
+                return detection.host, None
         except (InstrumentError, AttributeError):
             pass
+        sensitivity = self.bench.limits.receiver_sensitivity_dbm.value
         if self.session.switch.has_power_monitors and sender is not None:
             arriving = self.session.switch.port_power_dbm([feeding])[feeding]
-            if arriving < self.bench.limits.receiver_sensitivity_dbm.value:
-                return sender[0].name
-        return detection.host
+            if arriving < sensitivity:
+                return sender[0].name, None
+            return detection.host, None  # the light arrives at the switch: the far side failed
+        for det in self.bench.detectors_for_port(nic.rx_port):
+            reading = self.session.detector_dbm(det)
+            received = reading - nic.rx_fibre_loss_db if isinstance(reading, float) else None
+            if sender is not None and received is not None and sensitivity - DIM_LIGHT_DB <= received < sensitivity:
+                return sender[0].name, None  # light arrives, too weak: the transmitter has faded
+        return detection.host, sender[0].name if sender else None
 
     def _pick_spare(self, ranks: list[str]) -> str | None:
         for host in self.bench.topology.hosts:

@@ -218,3 +218,29 @@ def test_killing_a_run_mid_recovery_keeps_its_record_and_the_next_run_restores_t
     finally:
         emulator.send_signal(signal.SIGINT)
         emulator.wait(timeout=10)
+
+
+def test_a_wrong_guess_about_which_end_failed_is_retried_with_the_other_end():
+    """A serial switch has no monitors; with no meter on the receiving port either, nothing shows
+    whether the sender faded or the receiver failed: the controller guesses, checks, and tries
+    the other end."""
+    text = (BENCHES / "emulated-serial.yaml").read_text()
+    text = "\n".join(line for line in text.splitlines() if "channel: 4, port: 20" not in line)
+    with _session(text, time_scale=0.2) as session:
+        ranks = _running(session)
+        controller = load_controller(session, ranks)
+        controller.arm()
+        result = controller.recover(Injector(session).inject(Fault("transceiver_degradation", "host0", "p0")))
+        assert result.status == "recovered", result.reason
+        assert result.plan.ranks_after == ["host3", "host1", "host2"] and "retry" in result.phases
+        assert "the first guess failed" in result.reason
+
+
+def test_dim_light_at_a_meter_points_at_the_transmitter():
+    with _session((BENCHES / "emulated-serial.yaml").read_text(), time_scale=0.2) as session:
+        ranks = _running(session)
+        controller = load_controller(session, ranks)
+        controller.arm()
+        result = controller.recover(Injector(session).inject(Fault("transceiver_degradation", "host0", "p0")))
+        assert result.status == "recovered" and "retry" not in result.phases
+        assert result.plan.failed_host == "host0"
