@@ -144,6 +144,8 @@ class ReferenceController(RecoveryController):
                 self._report(Detection("agent_lost", args[1], self.timeline.clock(), detail={"error": str(exc)}))
 
     def _report(self, detection: Detection) -> None:
+        if self._stop.is_set():
+            return  # after detection, the recovery's own actions (stopping the job) are no news
         self._detected.append(detection)
         self._found.set()
 
@@ -192,7 +194,7 @@ class ReferenceController(RecoveryController):
                     return result
                 result.detection = self._first_detection()
                 marks["end"] = result.detection.t_ns
-            self.disarm()
+            self._stop.set()  # watchers end on their own; joining them here would delay recovery
             with self._phase(result, "plan"):
                 plan = self.plan(result.detection)
                 result.plan = plan

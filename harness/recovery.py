@@ -46,6 +46,7 @@ class GroundTruth:
     fault_ns: int
     first_step_ns: int | None
     physical_s: dict[str, float] = field(default_factory=dict)  # per phase: time spent waiting on physics
+    between_phases_s: float = 0.0  # critical-path time outside every phase (all of it overhead)
 
     @property
     def total_s(self) -> float | None:
@@ -77,7 +78,20 @@ def ground_truth(world, fault_ns: int, result: RecoveryResult) -> GroundTruth:
         start, end = result.phases[phase]
         until = physics_end.get(phase)
         truth.physical_s[phase] = 0.0 if until is None else max(0.0, min(until, end) - start) / 1e9
+    truth.between_phases_s = between_phases_s(result)
     return truth
+
+
+def between_phases_s(result: RecoveryResult) -> float:
+    """Time on the path from the first phase's start to the last one's end that no phase covers."""
+    spans = sorted(result.phases.values())
+    if not spans:
+        return 0.0
+    gap, reach = 0, spans[0][1]
+    for start, end in spans[1:]:
+        gap += max(0, start - reach)
+        reach = max(reach, end)
+    return gap / 1e9
 
 
 def migrate_to_reserved_rack(session, ranks: list[str]) -> dict:

@@ -63,9 +63,13 @@ def main() -> None:
     totals = []
     for phase in PHASES:
         overheads = [(r.phase_s(phase) - t.physical_s.get(phase, 0.0)) * 1e3 for r, _, t in runs if phase in r.phases]
+        if not overheads:
+            continue  # a phase no recovery went through (retry)
         print(f"  {phase:11s} {statistics.median(overheads):8.3f} / {p99(overheads):8.3f}")
+    between = [t.between_phases_s * 1e3 for _, _, t in runs]
+    print(f"  {'(between)':11s} {statistics.median(between):8.3f} / {p99(between):8.3f}")
     for r, _, t in runs:
-        totals.append(sum(r.phase_s(p) - t.physical_s.get(p, 0.0) for p in r.phases) * 1e3)
+        totals.append((sum(r.phase_s(p) - t.physical_s.get(p, 0.0) for p in r.phases) + t.between_phases_s) * 1e3)
     print(f"  {'total':11s} {statistics.median(totals):8.3f} / {p99(totals):8.3f}")
     errors = [((r.first_step_ns - f) / 1e9 - t.total_s) * 1e3 for r, f, t in runs]
     print(f"Measured total - ground truth (ms): median {statistics.median(errors):.3f}, "

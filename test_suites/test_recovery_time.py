@@ -96,6 +96,8 @@ def test_recovery_time(bench, bench_file, running_job, fault_kind, measure, time
         for phase, physical in truth.physical_s.items():
             measure(Spec(f"controller_overhead_{phase}", "s", description=f"{phase}: measured - physical latency"),
                     result.phase_s(phase) - physical)
+        measure(Spec("controller_overhead_between_phases", "s", description="critical-path time outside every phase"),
+                truth.between_phases_s)
 
 
 @allure.title("baseline without an optical fabric: migrate to a reserved rack")

@@ -157,12 +157,16 @@ def test_job_progress_from_output_and_stop(tmp_path):
     jobs = JobControl(str(tmp_path))
     script = ("import json,sys,time\n"
               "for i in range(1, 4):\n"
-              "    print(json.dumps({'step': i, 'step_time_s': 0.01, 'samples_per_s': 800}), flush=True)\n"
+              "    print(json.dumps({'step': i, 'step_time_s': 0.01, 'samples_per_s': 800, 't_monotonic_ns': 1234}), flush=True)\n"
+              "time.sleep(0.2)\n"
               "print('step 4', flush=True)\n"
               "time.sleep(60)\n")
     jobs.start([sys.executable, "-c", script, "{rank}"], {"rank": 0})
+    stamped = jobs.wait_step(3, timeout_s=20)["progress"]
+    assert stamped["t_ns"] == 1234 and stamped["stamped_by"] == "job"  # the job's own clock, not the read time
     status = jobs.wait_step(4, timeout_s=20)
     assert status["reached"] and status["running"] and status["progress"]["step"] == 4
+    assert status["progress"]["stamped_by"] == "agent"
     stopped = jobs.stop(timeout_s=5)
     assert not stopped["running"] and stopped["returncode"] is not None
     log = (tmp_path / "rank0.log").read_text().splitlines()

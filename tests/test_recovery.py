@@ -55,6 +55,7 @@ def test_recovery_at_real_time_agrees_with_ground_truth_within_2_ms():
         # The physics on the critical path: 4 connections of 50 ms each, lock plus link-up.
         assert truth.physical_s["switch"] == pytest.approx(0.2, abs=0.01)
         assert 0 <= result.phase_s("switch") - truth.physical_s["switch"] < 0.1
+        assert truth.between_phases_s < 0.02, "no controller time hides between phases"
         assert session.world.events_of("safety.violation") == []
 
 

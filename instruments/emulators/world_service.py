@@ -111,9 +111,10 @@ class WorldService:
                     remaining = min(remaining, max(0.0, (nxt - world.now_ns()) / 1e9) + 1e-4)
                 world.changed.wait(remaining)
 
-    def rpc_job_event(self, host: str, rank: int, what: str, step: int | None = None) -> int:
-        """The emulated job says what it just did ("ready", "step"); the world keeps the instant."""
-        t = self.world.now_ns()
+    def rpc_job_event(self, host: str, rank: int, what: str, step: int | None = None, t_ns: int | None = None) -> int:
+        """The emulated job says what it just did ("ready", "step") and when (the same clock);
+        the world keeps the instant."""
+        t = self.world.now_ns() if t_ns is None else t_ns
         self.world.record(t, f"job.{what}", host, rank=rank, step=step)
         return t
 

@@ -153,10 +153,10 @@ def main(argv: list[str] | None = None) -> None:
         world = WorldClient(args.world)
         interfaces = dict(pair.split("=", 1) for pair in args.interfaces.split(",") if pair)
         agent = Agent(NvmlGpus(FakeNvml(world, args.host), clock_ns), WorldLinks(world, args.host, interfaces, clock_ns, offset),
-                      JobControl(args.log_dir, clock_ns), clock_ns, "emulated")
+                      JobControl(args.log_dir, clock_ns, offset), clock_ns, "emulated")
     else:
-        agent = Agent(NvmlGpus(clock_ns=clock_ns), SysfsLinks(args.sysfs, clock_ns), JobControl(args.log_dir, clock_ns),
-                      clock_ns, "nvml")
+        agent = Agent(NvmlGpus(clock_ns=clock_ns), SysfsLinks(args.sysfs, clock_ns),
+                      JobControl(args.log_dir, clock_ns, offset), clock_ns, "nvml")
     agent.serve()
 
 

@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         time.sleep(cost["step_time_s"])  # the emulated step's compute and communication
         step += 1
-        world.call("job_event", host=host, rank=args.rank, what="step", step=step)  # ground truth
-        print(json.dumps({"step": step, "step_time_s": round(cost["step_time_s"], 6),
+        done_ns = time.monotonic_ns()  # the world's clock too (CLOCK_MONOTONIC)
+        world.call("job_event", host=host, rank=args.rank, what="step", step=step, t_ns=done_ns)  # ground truth
+        print(json.dumps({"step": step, "t_monotonic_ns": done_ns, "step_time_s": round(cost["step_time_s"], 6),
                           "samples_per_s": round(args.batch / cost["step_time_s"], 3),
                           "bus_bandwidth_gbps": cost["bandwidth_gbps"]}), flush=True)
     return 0

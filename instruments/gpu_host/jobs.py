@@ -6,8 +6,10 @@ with ``str.format`` from known fields ({rank} {world_size} {gpu} {master_addr} {
 {heartbeat}) and passed to the process as one argument.
 
 Progress comes from the job's own output, event-driven: a line that is a JSON object with
-``step`` (the heartbeat format: also ``step_time_s``, ``samples_per_s``, ``tokens_per_s``), or a
-line matching ``step[ =:]<n>``. Every line also goes to the job's log file.
+``step`` (the heartbeat format: also ``step_time_s``, ``samples_per_s``, ``tokens_per_s``, and
+``t_monotonic_ns``, the host's CLOCK_MONOTONIC when the step completed: with it, the step's
+time is the job's own, not when its line was read), or a line matching ``step[ =:]<n>``.
+Every line also goes to the job's log file.
 """
 
 from __future__ import annotations
@@ -50,9 +52,10 @@ def fill_template(template: list[str], fields: dict) -> list[str]:
 
 
 class JobControl:
-    def __init__(self, log_dir: str, clock_ns=time.monotonic_ns):
+    def __init__(self, log_dir: str, clock_ns=time.monotonic_ns, offset_ns: int = 0):
         self.log_dir = Path(log_dir)
         self.clock_ns = clock_ns
+        self.offset_ns = offset_ns  # what the agent adds to CLOCK_MONOTONIC (tests of clock mapping)
         self._proc: subprocess.Popen | None = None
         self._changed = threading.Condition()
         self._progress: dict = {}
@@ -89,7 +92,9 @@ class JobControl:
                 with self._changed:
                     self._tail = (self._tail + [line])[-20:]
                     if progress is not None:
-                        self._progress = {**progress, "t_ns": self.clock_ns()}
+                        own = progress.pop("t_monotonic_ns", None)
+                        t = own + self.offset_ns if isinstance(own, int) else self.clock_ns()
+                        self._progress = {**progress, "t_ns": t, "stamped_by": "job" if isinstance(own, int) else "agent"}
                     self._changed.notify_all()
         proc.wait()
         with self._changed:
@@ -140,6 +145,7 @@ def _parse_progress(line: str) -> dict | None:
         except json.JSONDecodeError:
             data = None
         if isinstance(data, dict) and isinstance(data.get("step"), int):
-            return {k: data[k] for k in ("step", "step_time_s", "samples_per_s", "tokens_per_s") if k in data}
+            return {k: data[k] for k in ("step", "step_time_s", "samples_per_s", "tokens_per_s", "t_monotonic_ns")
+                    if k in data}
     m = _STEP_RE.search(text)
     return {"step": int(m.group(1))} if m else None
