@@ -27,7 +27,10 @@ PHASES = ("detect", "plan", "switch", "light", "link", "retry", "restart", "firs
 _WATCH_WINDOW_S = 0.25
 # Light this far below the receiver's sensitivity is still light (a faded transmitter, a dirty
 # connector), not the darkness of a cut fibre or a failed port (meters read 40 dB lower there).
-DIM_LIGHT_DB = 20.0  # how long each watcher's event wait lasts before it checks for disarm
+DIM_LIGHT_DB = 20.0
+# XIDs after which the GPU cannot go on: 79 fell off the bus, 48 double-bit ECC, 74 NVLink error,
+# 94/95 contained/uncontained ECC (NVIDIA's XID catalogue). Application XIDs (13, 31, 43) are not.
+_FATAL_XIDS = (79, 48, 74, 94, 95)  # how long each watcher's event wait lasts before it checks for disarm
 
 
 @dataclass
@@ -125,6 +128,7 @@ class ReferenceController(RecoveryController):
         connected_rx = set(self.session.switch.connections().values())
         for host_name in self.ranks:
             agent = self.session.hosts[host_name]
+            self._drain_xids(agent, host_name)
             self._watch(self._watch_xid, agent, host_name)
             self._watch(self._watch_job, agent, host_name)
             for nic in self.bench.host(host_name).nics:
@@ -149,10 +153,22 @@ class ReferenceController(RecoveryController):
         self._detected.append(detection)
         self._found.set()
 
+    def _drain_xids(self, agent, host: str) -> None:
+        """NVML keeps events until someone waits for them: an XID from before arming (a GPU that
+        has since been replaced, say) is history, unless the GPU is lost now."""
+        stale = None
+        for _ in range(1000):
+            event = agent.wait_xid(0)
+            if event is None:
+                break
+            stale = event if event.get("xid") in _FATAL_XIDS else stale
+        if stale is not None and self._host_lost(host):
+            self._report(Detection("xid", host, stale["t_ns"], stale["uncertainty_ns"], stale))
+
     def _watch_xid(self, agent, host: str) -> None:
         while not self._stop.is_set():
             event = agent.wait_xid(_WATCH_WINDOW_S)
-            if event is not None and event.get("xid") in (79, 48, 74, 94, 95):  # the GPU cannot go on
+            if event is not None and event.get("xid") in _FATAL_XIDS:
                 self._report(Detection("xid", host, event["t_ns"], event["uncertainty_ns"], event))
                 return
 
