@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
 from pydantic import (
@@ -72,6 +72,9 @@ class MeterEmulation(_Model):
 
 
 class _InstrumentBase(_Model):
+    _models: ClassVar[tuple[str, ...]] = ()
+    _kind_words: ClassVar[str] = "instrument"
+
     model: str
     resource: str = Field(description="VISA resource string, serial device path, or 'emulated'")
     timeout_s: PositiveFloat = 5.0
@@ -83,6 +86,13 @@ class _InstrumentBase(_Model):
     @property
     def emulated(self) -> bool:
         return self.resource == EMULATED
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value not in cls._models:
+            raise ValueError(f"unknown {cls._kind_words} model {value!r}; known: {', '.join(cls._models)}")
+        return value
 
     @field_validator("resource")
     @classmethod
@@ -98,12 +108,8 @@ class SwitchInstrument(_InstrumentBase):
     power_monitors: bool = False
     emulation: SwitchEmulation = SwitchEmulation()
 
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, value: str) -> str:
-        if value not in SWITCH_MODELS:
-            raise ValueError(f"unknown optical switch model {value!r}; known: {', '.join(SWITCH_MODELS)}")
-        return value
+    _models: ClassVar[tuple[str, ...]] = SWITCH_MODELS
+    _kind_words: ClassVar[str] = "optical switch"
 
     @property
     def ingress_ports(self) -> range:
@@ -120,12 +126,8 @@ class MeterInstrument(_InstrumentBase):
     wavelength_nm: PositiveFloat = 1550.0
     emulation: MeterEmulation = MeterEmulation()
 
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, value: str) -> str:
-        if value not in METER_MODELS:
-            raise ValueError(f"unknown power meter model {value!r}; known: {', '.join(METER_MODELS)}")
-        return value
+    _models: ClassVar[tuple[str, ...]] = METER_MODELS
+    _kind_words: ClassVar[str] = "power meter"
 
 
 Instrument = Annotated[Union[SwitchInstrument, MeterInstrument], Field(discriminator="kind")]

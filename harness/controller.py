@@ -316,7 +316,7 @@ class ReferenceController(RecoveryController):
                         "the job cannot be recovered on this fabric (degraded)")
         plan = self._replacement(ranks, failed, spare, f"{detection.kind}")
         if other_end is not None and other_end in ranks:
-            plan.diagnosis += f"; the receiving end was assumed (nothing shows which end of the link failed)"
+            plan.diagnosis += "; the receiving end was assumed (nothing shows which end of the link failed)"
             plan.fallback = self._replacement(ranks, other_end, spare, f"{detection.kind}, the sending end")
         return plan
 

@@ -104,7 +104,6 @@ def migrate_to_reserved_rack(session, ranks: list[str]) -> dict:
     if world is None or session.emulated.world_service is None:
         raise ValueError("the migration baseline runs on an emulated bench (a reserved rack is not on a real one)")
     settings = session.bench.recovery.migration
-    job = session.bench.job
     session.stop_job()
     restored_ns = world.transfer_checkpoint(settings.checkpoint_bytes, settings.network_gbps, settings.scheduling_s)
     reserved = [f"reserved-{i}" for i in range(len(ranks))]

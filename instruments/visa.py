@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import socket
+from contextlib import contextmanager
 import threading
 import time
 
@@ -75,36 +76,37 @@ class VisaSession:
             except (visa_errors.Error, OSError) as exc:
                 raise InstrumentError(self.name, command, f"write failed: {_why(exc)}") from None
 
+    @contextmanager
+    def _timeout(self, timeout_s: float | None):
+        """Run under a longer (or shorter) VISA timeout, then put the usual one back."""
+        if timeout_s is None:
+            yield
+            return
+        old = self._res.timeout
+        self._res.timeout = int(timeout_s * 1000)
+        try:
+            yield
+        finally:
+            self._res.timeout = old
+
     def query(self, command: str, *, timeout_s: float | None = None) -> str:
-        with self._lock:
+        with self._lock, self._timeout(timeout_s):
             self._pace()
-            old = self._res.timeout
-            if timeout_s is not None:
-                self._res.timeout = int(timeout_s * 1000)
             try:
                 return self._res.query(command).strip()
             except (visa_errors.Error, OSError) as exc:
                 raise InstrumentError(self.name, command, f"no valid reply: {_why(exc)}") from None
             except UnicodeDecodeError:
                 raise InstrumentError(self.name, command, "reply is not text") from None
-            finally:
-                if timeout_s is not None:
-                    self._res.timeout = old
 
     def query_binary_floats(self, command: str, *, timeout_s: float | None = None) -> list[float]:
         """An IEEE 488.2 definite-length block of little-endian float32."""
-        with self._lock:
+        with self._lock, self._timeout(timeout_s):
             self._pace()
-            old = self._res.timeout
-            if timeout_s is not None:
-                self._res.timeout = int(timeout_s * 1000)
             try:
                 return list(self._res.query_binary_values(command, datatype="f", is_big_endian=False))
             except (visa_errors.Error, OSError, ValueError) as exc:
                 raise InstrumentError(self.name, command, f"no valid binary block: {_why(exc)}") from None
-            finally:
-                if timeout_s is not None:
-                    self._res.timeout = old
 
     def close(self) -> None:
         with self._lock:

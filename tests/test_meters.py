@@ -3,7 +3,6 @@ the physics only the coupled world can show."""
 
 from __future__ import annotations
 
-import math
 import struct
 import time
 from dataclasses import dataclass

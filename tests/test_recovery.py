@@ -10,17 +10,14 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 
 from harness.config import load_bench, parse_bench
 from harness.controller import RecoveryController, RecoveryError, RecoveryResult, load_controller
 from harness.faults import CATALOGUE, Fault, FaultNotPossible, Injector
 from harness.published import published
 from harness.recovery import ground_truth
-from harness.records import read_record
 from harness.session import BenchSession
 from reports.plots import recovery_figure, render
 from conftest import BENCHES, ROOT

@@ -3,7 +3,6 @@ polling only where netlink is not available), or the emulated world's links."""
 
 from __future__ import annotations
 
-import os
 import select
 import socket
 import time
