@@ -331,12 +331,12 @@ class ReferenceController(RecoveryController):
         return Plan(failed, spare, ranks, after, remove, add, diagnosis=f"{failed} replaced by spare {spare} after {why}")
 
     def _host_lost(self, host: str) -> bool:
+        """A GPU of the host reports lost, or its agent is gone. A host whose agent cannot read
+        NVML is not known to be lost (it may still be a spare)."""
         try:
             return any(gpu.get("lost") for gpu in self.session.hosts[host].health())
-        except InstrumentError:
-            return True
-        except Exception:
-            return False
+        except InstrumentError as exc:
+            return "the agent is not running" in str(exc)
 
     def _diagnose(self, detection: Detection) -> tuple[str, str | None]:
         """The host that failed, and (where that is a guess) the host at the other end."""

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import abc
 import enum
+import math
+import threading
+import time
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -195,8 +198,6 @@ class PowerMeter(abc.ABC):
 
 class _PolledTrace:
     def __init__(self, meter: PowerMeter, channel: int, duration_s: float):
-        import threading
-
         self.meter, self.channel, self.duration_s = meter, channel, duration_s
         self.times: list[int] = []
         self.values: list[Reading] = []
@@ -208,8 +209,6 @@ class _PolledTrace:
         return self
 
     def _run(self) -> None:
-        import time
-
         end = time.perf_counter_ns() + int(self.duration_s * 1e9)
         try:
             while True:
@@ -235,8 +234,6 @@ class _PolledTrace:
 
 
 def watts_to_dbm(watts: float) -> float:
-    import math
-
     return 10 * math.log10(watts * 1000) if watts > 0 else -math.inf
 
 
