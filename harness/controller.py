@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 
 from harness.errors import HarnessError, SafetyError
+from harness.interrupts import critical
+from harness.progress import PROGRESS
 from instruments.protocols import InstrumentError
 
 PHASES = ("detect", "plan", "switch", "light", "link", "retry", "restart", "first_step")
@@ -118,6 +120,8 @@ class ReferenceController(RecoveryController):
         self._found = threading.Event()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._circuits: dict[int, int] = {}  # the cross-connects the job ran on, read at arm
+        self._give_up: float | None = None  # time.monotonic() at which the recovery gives up
 
     # -- detect ----------------------------------------------------------------------------------
 
@@ -125,7 +129,10 @@ class ReferenceController(RecoveryController):
         self._stop.clear()
         self._found.clear()
         self._detected.clear()
-        connected_rx = set(self.session.switch.connections().values())
+        # What the job runs on, read from the switch now: the plan rebuilds these paths wherever a
+        # fault later removes or darkens one (a cut made at the switch leaves no trace there).
+        self._circuits = dict(self.session.switch.connections())
+        connected_rx = set(self._circuits.values())
         for host_name in self.ranks:
             agent = self.session.hosts[host_name]
             self._drain_xids(agent, host_name)
@@ -202,7 +209,7 @@ class ReferenceController(RecoveryController):
     def recover(self, fault_ns: int | None = None) -> RecoveryResult:
         deadlines = self.bench.deadlines
         result = RecoveryResult("failed")
-        give_up = time.monotonic() + deadlines.recovery_s
+        give_up = self._give_up = time.monotonic() + deadlines.recovery_s
         try:
             with self._phase(result, "detect", fault_ns) as marks:
                 if not self._found.wait(deadlines.recovery_s):
@@ -222,7 +229,7 @@ class ReferenceController(RecoveryController):
             except RecoveryError as first:
                 if plan.fallback is None:
                     raise
-                with self._phase(result, "retry"):  # the guessed end was wrong: put it back, try the other
+                with self._phase(result, "retry"), critical():  # the guess was wrong: put it back, try the other
                     if plan.add:
                         self.session.switch.disconnect(plan.add)
                     if plan.remove:
@@ -258,7 +265,7 @@ class ReferenceController(RecoveryController):
         """Rewire, then check light and carrier on the new paths."""
         deadlines = self.bench.deadlines
         phase = self._phase if record else self._no_phase
-        with phase(result, "switch"):
+        with phase(result, "switch"), critical():  # never half rewired
             if plan.remove:
                 self.session.switch.disconnect(plan.remove)
             if plan.add:
@@ -293,7 +300,8 @@ class ReferenceController(RecoveryController):
         marks = {"start": start_ns if start_ns is not None else self.timeline.clock()}
         error = None
         try:
-            yield marks
+            with PROGRESS.doing(f"recovery phase {name}", self._give_up):
+                yield marks
         except BaseException as exc:
             error = f"{type(exc).__name__}: {exc}"
             raise
@@ -345,8 +353,11 @@ class ReferenceController(RecoveryController):
         # Which end of the dark link failed: a port the switch reports failed, else the light
         # arriving at the ingress (a dim transmitter), else the receiving end.
         nic = next(n for n in self.bench.host(detection.host).nics if n.name == detection.detail["nic"])
-        feeding = next((i for i, e in self.session.switch.connections().items() if e == nic.rx_port), None)
+        live = self.session.switch.connections()
+        feeding = next((i for i, e in live.items() if e == nic.rx_port), None)
         if feeding is None:
+            # The circuit is gone from the switch (cut there): both ends may be healthy, and the
+            # receiving end is replaced, as for a fibre cut on its side.
             return detection.host, None
         sender = self.bench.nic_on_tx_port(feeding)
         try:
@@ -383,13 +394,18 @@ class ReferenceController(RecoveryController):
         tx_map = {f.tx_port: s.tx_port for f, s in zip(f_nics, s_nics)}
         rx_map = {f.rx_port: s.rx_port for f, s in zip(f_nics, s_nics)}
         spare_ports = {p for n in s_nics for p in (n.tx_port, n.rx_port)}
+        live = self.session.switch.connections()
+        intended = self._circuits or live
         remove, add = [], []
-        for ingress, egress in sorted(self.session.switch.connections().items()):
+        for ingress, egress in sorted(intended.items()):
             if ingress in tx_map or egress in rx_map:
-                remove.append((ingress, egress))
+                if live.get(ingress) == egress:
+                    remove.append((ingress, egress))
                 add.append((tx_map.get(ingress, ingress), rx_map.get(egress, egress)))
-            elif ingress in spare_ports or egress in spare_ports:
-                remove.append((ingress, egress))  # the spare's ports must be free
+        freed = {p for pair in add for p in pair} | spare_ports
+        for ingress, egress in sorted(live.items()):  # whatever holds a port the new paths need
+            if (ingress in freed or egress in freed) and (ingress, egress) not in remove:
+                remove.append((ingress, egress))
         return remove, add
 
     # -- verify ----------------------------------------------------------------------------------

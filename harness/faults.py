@@ -62,6 +62,14 @@ class Injector:
         self.bench = session.bench
         self.rng = random.Random(seed)
         self.world = session.world
+        # A bench served by `lumion-hil emulate` behaves like a real one, and its world takes the
+        # faults no lab can make by hand (a GPU failing, a transmitter fading).
+        served = next((h.world_address for h in self.bench.topology.hosts if h.world_address), None)
+        self.served_world = None
+        if self.world is None and served:
+            from instruments.emulators.world_service import WorldClient
+
+            self.served_world = WorldClient(served)
 
     def supported(self, kind: str) -> tuple[bool, str]:
         if kind not in CATALOGUE:
@@ -70,6 +78,8 @@ class Injector:
         if self.world is not None:
             return True, "emulated: made in the world"
         if spec.on_bench is None:
+            if self.served_world is not None:
+                return True, "served emulated bench: made in its world"
             return False, spec.why_not
         if kind == "switch_port_failure" and not hasattr(self.session.switch._switch, "disable_ports"):
             return False, f"switch {self.session.switch.name} has no port shutters"
@@ -94,6 +104,8 @@ class Injector:
             self.session.hosts[fault.host].stop_job()
         elif self.world is not None:
             t = self._into_world(fault)
+        elif CATALOGUE[fault.kind].on_bench is None:  # only a served bench's world can make it
+            t = self._into_served_world(fault)
         elif fault.kind == "fibre_cut":
             nic = self._nic(fault)
             feeding = [(i, e) for i, e in self.session.switch.connections().items() if e == nic.rx_port]
@@ -119,12 +131,24 @@ class Injector:
             world.set_port_state(nic.rx_port, "F", t)
         return t
 
+    def _into_served_world(self, fault: Fault) -> int:
+        if fault.kind == "gpu_failure":
+            world_ns = self.served_world.call("fail_gpu", host=fault.host, index=0, xid=fault.xid)
+        else:
+            world_ns = self.served_world.call("set_extra_loss", port=self._nic(fault).tx_port, loss_db=fault.loss_db)
+        # The served world runs on this machine's monotonic clock, as the harness does.
+        return world_ns
+
     def repair(self, fault: Fault) -> None:
         """Undo the fault (emulated: the world is healed; bench: the circuit or port comes back
         with the baseline; a failed GPU cannot be repaired from here)."""
         if self.world is None:
             if fault.kind == "switch_port_failure":
                 self.session.switch.enable_ports([self._nic(fault).rx_port])
+            elif self.served_world is not None and fault.kind == "gpu_failure":
+                self.served_world.call("repair_gpu", host=fault.host, index=0)
+            elif self.served_world is not None and fault.kind == "transceiver_degradation":
+                self.served_world.call("set_extra_loss", port=self._nic(fault).tx_port, loss_db=0.0)
             return
         if fault.kind == "gpu_failure":
             self.world.repair_gpu(fault.host, 0)

@@ -142,6 +142,19 @@ class WorldService:
     def rpc_wait_change(self, timeout_s: float) -> None:
         self.world.wait_for_change(timeout_s)
 
+    # -- faults, for a harness driving a served bench (what a lab makes with its hands) ----------
+
+    def rpc_fail_gpu(self, host: str, index: int = 0, xid: int = 79) -> int:
+        return self.world.fail_gpu(host, index, xid).t_ns
+
+    def rpc_repair_gpu(self, host: str, index: int = 0) -> None:
+        self.world.repair_gpu(host, index)
+
+    def rpc_set_extra_loss(self, port: int, loss_db: float) -> int:
+        t = self.world.now_ns()
+        self.world.set_extra_loss(port, float(loss_db), t)
+        return t
+
 
 class WorldClient:
     """The emulated host's side: one connection per thread, so each may wait on its own."""
