@@ -16,6 +16,8 @@ import click
 
 from harness.config import bench_json_schema, load_bench
 from harness.errors import BenchFileError
+from harness.exit_codes import ExitCode
+from harness.records import how_it_ended
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BENCH = PROJECT_ROOT / "benches" / "emulated.yaml"
@@ -29,7 +31,25 @@ _scale_option = click.option(
     help="Multiply every emulated latency by this factor (0.1 runs ten times faster).")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Cli(click.Group):
+    """Click's usage errors exit 2, which lumion-hil keeps for "interrupted": they exit 4."""
+
+    def main(self, args=None, prog_name=None, **extra):
+        try:
+            status = super().main(args, prog_name, standalone_mode=False, **extra)
+        except click.UsageError as exc:  # typos, missing or refused arguments
+            exc.show()
+            sys.exit(ExitCode.BENCH_OR_USAGE_ERROR)
+        except click.ClickException as exc:  # a command that could not do its work (a broken input file)
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(ExitCode.INTERRUPTED)
+        sys.exit(status if isinstance(status, int) else 0)
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="lumion-hil")
 def main() -> None:
     """Hardware-in-the-loop tests for reconfigurable optical fabrics that swap a failed GPU for a
@@ -53,36 +73,108 @@ def main() -> None:
               show_default=True, help="Folder for Allure results, run records and the HTML report.")
 @click.option("--report/--no-report", default=True, show_default=True,
               help="Build the Allure HTML report after the run (needs Node 20 and `npm ci`).")
+@click.option("--stop-within", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+              help="After Ctrl-C or SIGTERM, how long to wait for the suites to restore the bench and "
+                   "stop [default: twice deadlines.opc_s plus 30 s].")
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
-def run(bench_path: Path, time_scale: float | None, results: Path, report: bool, pytest_args: tuple[str, ...]) -> None:
+def run(bench_path: Path, time_scale: float | None, results: Path, report: bool, stop_within: float | None,
+        pytest_args: tuple[str, ...]) -> None:
     """Run the suites against a bench. Extra arguments go to pytest (e.g. -k recovery -x).
 
     Writes Allure results to RESULTS/allure-results and a run record (one JSON object a line,
-    each measurement as it is taken) to RESULTS/records/. Exits with pytest's status."""
+    each measurement as it is taken, and a closing line saying how the run ended) to
+    RESULTS/records/.
+
+    Ctrl-C or SIGTERM stops the run at a safe point: the recovery in progress ends, the job
+    stops, the baseline is restored and read back, then the run exits 2. A second Ctrl-C only
+    cuts the waiting short, never a switch command.
+
+    \b
+    Exit status:
+      0  every test passed          4  bench or usage error
+      1  a test failed              5  nothing collected
+      2  interrupted                6  bench busy (another run holds it)
+      3  the harness crashed
+    """
     bench = _load_or_exit(bench_path, time_scale)
     suites = _suites_dir()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     record = results / "records" / f"run-{stamp}.jsonl"
     allure_results = results / "allure-results"
-    if allure_results.exists():
-        shutil.rmtree(allure_results)  # one run's results; history lives in RESULTS/history.jsonl
-    allure_results.mkdir(parents=True)
+    # pytest empties the results folder itself once the options are known to be good, so a
+    # mistyped option never wipes the last run's results.
     cmd = [sys.executable, "-m", "pytest", str(suites), "--bench", str(bench_path), "--alluredir", str(allure_results),
-           "--run-record", str(record), "-p", "no:cacheprovider", "--rootdir", str(suites)]
+           "--clean-alluredir", "--run-record", str(record), "-p", "no:cacheprovider", "--rootdir", str(suites)]
     if time_scale is not None:
         cmd += ["--time-scale", str(time_scale)]
     cmd += list(pytest_args)
     click.echo(f"lumion-hil: bench {bench.name!r} ({bench_path})")
-    click.echo(f"lumion-hil: run record {record}")
-    status = subprocess.call(cmd)
-    click.echo(f"lumion-hil: run record {record}")
-    if status == 5:
+    grace = stop_within if stop_within is not None else 2 * bench.deadlines.opc_s + 30
+    status = _run_suites(cmd, grace)
+    if record.exists():
+        click.echo(f"lumion-hil: run record {record} ({how_it_ended(record)})")
+    if status == ExitCode.NOTHING_COLLECTED:
         click.echo("lumion-hil: no suite was collected (check -k / paths); treating as a failure", err=True)
-    if report:
+    elif status == ExitCode.BENCH_OR_USAGE_ERROR:
+        click.echo("lumion-hil: usage or bench error (above); nothing was run and no results were changed", err=True)
+    elif status == ExitCode.INTERRUPTED:
+        click.echo("lumion-hil: interrupted; the bench was restored to its baseline", err=True)
+    if report and status not in (ExitCode.BENCH_OR_USAGE_ERROR, ExitCode.BENCH_BUSY) and allure_results.is_dir():
         report_status = _build_report(results, required=False)
         if report_status != 0 and status == 0:
             status = report_status
     sys.exit(status)
+
+
+def _run_suites(cmd: list[str], grace_s: float) -> int:
+    """Run pytest in its own process group, so a terminal's Ctrl-C reaches this wrapper alone;
+    forward SIGINT and SIGTERM to pytest (which stops at a safe point), and wait for it, at
+    most ``grace_s`` after the first signal. Only then, or if this wrapper is killed, is the
+    whole group killed. Returns pytest's exit status."""
+    env = dict(os.environ, LUMION_HIL_RUN=os.environ.get("LUMION_HIL_RUN") or f"{os.getpid()}-{time.time_ns()}")
+    child = subprocess.Popen(cmd, start_new_session=True, env=env)
+    signals: list[int] = []
+    first_at: list[float] = []
+
+    def forward(signum, frame) -> None:
+        signals.append(signum)
+        if len(signals) == 1:
+            first_at.append(time.monotonic())
+            click.echo(f"\nlumion-hil: {signal.Signals(signum).name}: stopping at a safe point (restoring the "
+                       f"baseline); waiting up to {grace_s:g} s; Ctrl-C again to cut the waits short", err=True)
+        elif len(signals) == 2:
+            click.echo("lumion-hil: second interrupt: cutting the waits short (switch commands still finish)",
+                       err=True)
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            try:
+                return child.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
+            if first_at and time.monotonic() - first_at[0] > grace_s:
+                click.echo(f"lumion-hil: the suites did not stop within {grace_s:g} s; killing them. The switch "
+                           "may not be at its baseline: run `lumion-hil bench restore` before the next run", err=True)
+                _kill_group(child)
+                return ExitCode.INTERRUPTED
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _kill_group(child)
+
+
+def _kill_group(child: subprocess.Popen) -> None:
+    """Kill whatever is left of the suites' process group (pytest, agents it started)."""
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    child.wait()
 
 
 def _suites_dir() -> Path:
@@ -201,6 +293,29 @@ def bench_check(files: tuple[Path, ...]) -> None:
     sys.exit(1 if bad else 0)
 
 
+@bench.command("restore")
+@_bench_option
+def bench_restore(bench_path: Path) -> None:
+    """Put a bench's switch back to its baseline cross-connects and read it back (after a run
+    that was killed). Takes the bench's lock like a run; protected ports are left as they are."""
+    from harness.errors import BenchInUseError, HarnessError
+    from harness.session import BenchSession
+
+    bench = _load_or_exit(bench_path, None)
+    if bench.all_emulated:
+        raise click.ClickException(f"bench {bench.name!r} is emulated in-process: there is nothing to restore")
+    try:
+        with BenchSession.open(bench, restore=False) as session:
+            session.restore_baseline(verify=True)
+            click.echo(f"{session.switch.name}: at its baseline ({len(bench.safety.baseline)} cross-connects)")
+    except BenchInUseError as exc:
+        click.echo(f"lumion-hil: {exc}", err=True)
+        sys.exit(ExitCode.BENCH_BUSY)
+    except HarnessError as exc:
+        click.echo(f"lumion-hil: {exc}", err=True)
+        sys.exit(ExitCode.BENCH_OR_USAGE_ERROR)
+
+
 @bench.command("schema")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write to a file.")
 def bench_schema(output: Path | None) -> None:
@@ -243,4 +358,4 @@ def _load_or_exit(path: Path, time_scale: float | None):
         return load_bench(path, time_scale=time_scale)
     except BenchFileError as exc:
         click.echo(str(exc), err=True)
-        sys.exit(2)
+        sys.exit(ExitCode.BENCH_OR_USAGE_ERROR)

@@ -56,6 +56,15 @@ class GuardedSwitch(OpticalSwitch):
         """Back to the bench's baseline cross-connects, leaving protected ports as they are."""
         self.replace_all(self.baseline)
 
+    def verify_baseline(self) -> None:
+        """Read the switch back: the baseline, and nothing else but protected ports' circuits."""
+        now = set(self.connections().items())
+        wanted = set(self.baseline)
+        extra = sorted(p for p in now - wanted if not set(p) & self.protected_ports)
+        missing = sorted(wanted - now)
+        if extra or missing:
+            raise SafetyError(f"{self.name}: not at its baseline after restoring it: missing {missing}, extra {extra}")
+
     def _unprotected(self, pairs) -> list[tuple[int, int]]:
         return [pair for pair in pairs if not set(pair) & self.protected_ports]
 

@@ -5,11 +5,13 @@ happened in between."""
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from harness.binding import open_driver
 from harness.config import Bench, Detector, MeterInstrument, SwitchInstrument
+from harness.interrupts import INTERRUPTS, critical, shield
 from harness.lock import BenchLock
 from harness.safety import GuardedSwitch
 from harness.timeline import Timeline
@@ -59,7 +61,8 @@ class BenchSession:
             self.resources[name] = resource
             driver = open_driver(name, spec, resource, opc_timeout_s=self.bench.deadlines.opc_s)
             self.drivers[name] = driver
-            recorded = self.timeline.recorded(driver, name)
+            # Every instrument command runs to its reply: an interrupt waits for it (harness/interrupts.py).
+            recorded = self.timeline.recorded(driver, name, guard=critical)
             if isinstance(spec, SwitchInstrument) and name == self.bench.topology.switch:
                 self.switch = GuardedSwitch(recorded, self.bench.safety.protected_ports, self.bench.safety.baseline)
             elif isinstance(spec, MeterInstrument):
@@ -108,8 +111,22 @@ class BenchSession:
         return started
 
     def stop_job(self) -> None:
-        for host in self.hosts.values():
-            host.stop_job()
+        """Stop the job on every host, all at once."""
+        errors: list[Exception] = []
+
+        def stop(host) -> None:
+            try:
+                host.stop_job(timeout_s=INTERRUPTS.wait_s(10.0))
+            except Exception as exc:  # noted; the others still stop
+                errors.append(exc)
+
+        threads = [threading.Thread(target=stop, args=(h,), daemon=True) for h in self.hosts.values()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
 
     def detector_dbm(self, detector: Detector) -> "float | OutOfRange":
         """Optical power at the port a detector watches, corrected for its tap loss."""
@@ -120,29 +137,38 @@ class BenchSession:
                 reading = self.meters[detector.instrument].read_dbm(detector.channel)
         return reading + detector.tap_loss_db if isinstance(reading, float) else reading
 
-    def restore_baseline(self) -> None:
-        if self.switch is not None:
-            with self.timeline.span("safety.restore_baseline"):
-                self.switch.restore_baseline()
+    def restore_baseline(self, *, verify: bool = False) -> None:
+        """Back to the baseline cross-connects, as one uninterruptible step; with ``verify``,
+        read the switch back and raise if it is not there."""
+        if self.switch is None:
+            return
+        with critical(), self.timeline.span("safety.restore_baseline"):
+            self.switch.restore_baseline()
+            if verify:
+                self.switch.verify_baseline()
 
     def close(self, *, restore: bool = True) -> None:
         """Leave the bench safe: baseline restored, drivers closed, emulators stopped, lock freed.
         Every step runs even if an earlier one fails; the first failure is raised at the end."""
         failure: BaseException | None = None
-        steps = [self.restore_baseline] if restore else []
-        steps += [h.stop_job for h in self.hosts.values()]
+        steps = [self.stop_job]  # jobs first: nothing drives traffic while rewiring
+        if restore:
+            steps.append(lambda: self.restore_baseline(verify=True))
         steps += [d.close for d in self.drivers.values()]
-        steps += [h.close for h in self.hosts.values()]
+        # A second Ctrl-C shortens the wait for agents to leave (they are killed instead).
+        steps += [lambda h=h: h.close(timeout_s=INTERRUPTS.wait_s(10.0)) for h in self.hosts.values()]
         if self.emulated is not None:
             steps.append(self.emulated.stop)
         if self._lock is not None:
             steps.append(self._lock.release)
-        for step in steps:
-            try:
-                step()
-            except Exception as exc:  # keep going: the rest of the clean-up still matters
-                log.error("bench %s: clean-up step %s failed: %s", self.bench.name, getattr(step, "__name__", step), exc)
-                failure = failure or exc
+        with shield():  # an interrupt now must not cut the clean-up short
+            for step in steps:
+                try:
+                    step()
+                except Exception as exc:  # keep going: the rest of the clean-up still matters
+                    log.error("bench %s: clean-up step %s failed: %s", self.bench.name,
+                              getattr(step, "__name__", step), exc)
+                    failure = failure or exc
         self.drivers.clear()
         self.hosts.clear()
         if failure is not None:

@@ -11,7 +11,7 @@ import functools
 import json
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
@@ -77,9 +77,10 @@ class Timeline:
             self.events.append(ev)
         return ev
 
-    def recorded(self, target: Any, prefix: str) -> Any:
-        """A view of ``target`` whose public method calls are spans named ``prefix.method``."""
-        return _Recorded(target, prefix, self)
+    def recorded(self, target: Any, prefix: str, guard=None) -> Any:
+        """A view of ``target`` whose public method calls are spans named ``prefix.method``;
+        each call also runs inside ``guard()`` when one is given (an interrupt shield, say)."""
+        return _Recorded(target, prefix, self, guard or nullcontext)
 
     def spans_named(self, name: str) -> list[Span]:
         return [s for s in self.spans if s.name == name]
@@ -98,10 +99,11 @@ class Timeline:
 
 
 class _Recorded:
-    def __init__(self, target: Any, prefix: str, timeline: Timeline):
+    def __init__(self, target: Any, prefix: str, timeline: Timeline, guard):
         self._target = target
         self._prefix = prefix
         self._timeline = timeline
+        self._guard = guard
 
     def __getattr__(self, attr: str) -> Any:
         value = getattr(self._target, attr)
@@ -110,7 +112,7 @@ class _Recorded:
 
         @functools.wraps(value)
         def call(*args, **kwargs):
-            with self._timeline.span(f"{self._prefix}.{attr}"):
+            with self._guard(), self._timeline.span(f"{self._prefix}.{attr}"):
                 return value(*args, **kwargs)
 
         return call

@@ -2,7 +2,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
 import pytest
+import yaml
 
 from harness.config import load_bench
 from harness.binding import open_driver
@@ -36,3 +44,56 @@ def polatis(emulated, bench_cfg):
     driver = open_driver("ocs", bench_cfg.switch, emulated.resources["ocs"])
     yield driver
     driver.close()
+
+
+def query_scpi(resource: str, command: bytes) -> str:
+    port = int(resource.split("::")[2])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(command + b"\n")
+        data = b""
+        while not data.endswith(b"\n"):
+            data += sock.recv(4096)
+    return data.decode().strip()
+
+
+@contextlib.contextmanager
+def serve_bench(bench_path, tmp_path, time_scale: float = 0.2):
+    """Serve a bench with `lumion-hil emulate`; yields (served bench file, switch resource,
+    the switch's baseline as it answers :OXC:SWIT:CONN:STAT?)."""
+    bench_out = tmp_path / f"served-{Path(bench_path).stem}.yaml"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--bench", str(bench_path), "--time-scale",
+                             str(time_scale), "--bench-out", str(bench_out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        switch = next(line for line in proc.stdout if line.startswith("ocs\t")).split("\t")[2].strip()
+        deadline = time.monotonic() + 30
+        while not bench_out.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pairs = sorted(load_bench(bench_out).safety.baseline)
+        baseline = f"(@{','.join(str(i) for i, _ in pairs)}),(@{','.join(str(e) for _, e in pairs)})"
+        yield bench_out, switch, baseline
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=10)
+
+
+def emulated_twin(bench_path, tmp_path) -> Path:
+    """A real bench's file with every instrument and host emulated and the emulated job in place
+    of its command: the same topology, ports, detectors, limits and safety rules."""
+    data = yaml.safe_load(Path(bench_path).read_text())
+    for spec in data["instruments"].values():
+        spec["resource"] = "emulated"
+    for host in data["topology"]["hosts"]:
+        host["address"] = "emulated"
+    if data.get("job"):
+        data["job"].pop("command", None)
+    out = tmp_path / f"{Path(bench_path).stem}-twin.yaml"
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+@pytest.fixture
+def served(tmp_path):
+    """The default bench served by `lumion-hil emulate` at a fifth of real time."""
+    with serve_bench(BENCHES / "emulated.yaml", tmp_path) as served_bench:
+        yield served_bench

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -25,17 +26,17 @@ def test_help_everywhere(args):
 
 def test_typo_in_a_command_is_named_with_a_suggestion():
     proc = _cli("emulte")
-    assert proc.returncode == 2 and "No such command 'emulte'" in proc.stderr and "emulate" in proc.stderr
+    assert proc.returncode == 4 and "No such command 'emulte'" in proc.stderr and "emulate" in proc.stderr
 
 
 def test_typo_in_an_option_is_named_with_a_suggestion():
     proc = _cli("emulate", "--bnch", "x.yaml")
-    assert proc.returncode == 2 and "--bnch" in proc.stderr and "--bench" in proc.stderr
+    assert proc.returncode == 4 and "--bnch" in proc.stderr and "--bench" in proc.stderr
 
 
 def test_run_refuses_a_broken_bench_before_starting_anything():
     proc = _cli("run", "--bench", str(ROOT / "tests" / "bad_benches" / "02-negative-timeout.yaml"), "--no-report")
-    assert proc.returncode == 2 and "instruments.ocs.timeout_s" in proc.stderr
+    assert proc.returncode == 4 and "instruments.ocs.timeout_s" in proc.stderr
 
 
 def test_emulate_serves_resources_a_separate_visa_session_can_query(tmp_path):
@@ -78,3 +79,59 @@ def test_run_with_no_matching_suite_fails(tmp_path):
     proc = _cli("run", "--results", str(tmp_path), "--no-report", "-k", "no_such_suite_anywhere", "-q")
     assert proc.returncode == 5
     assert "no suite was collected" in proc.stderr
+
+
+def test_a_mistyped_option_changes_nothing_and_says_so(tmp_path):
+    kept = tmp_path / "allure-results" / "kept-result.json"
+    kept.parent.mkdir(parents=True)
+    kept.write_text("{}")
+    proc = _cli("run", "--results", str(tmp_path), "--no-report", "--benhc", "x.yaml")
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "unrecognized arguments: --benhc" in proc.stderr
+    assert kept.exists(), "a run that did not start wiped the last results"
+    assert "run record" not in proc.stdout and not (tmp_path / "records").exists()
+    assert "run the suites first" not in proc.stderr
+
+
+def _readme_exit_codes() -> dict[int, str]:
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("| exit status |"):].split("\n\n")[0]
+    rows = [line.split("|")[1:3] for line in table.splitlines()[2:]]
+    return {int(code): meaning.strip() for code, meaning in rows}
+
+
+def test_the_readme_exit_code_table_is_the_one_the_harness_uses():
+    from harness.exit_codes import MEANING
+
+    assert _readme_exit_codes() == {int(code): meaning for code, meaning in MEANING.items()}
+
+
+def test_each_exit_status_is_what_the_readme_says(tmp_path, served, monkeypatch):
+    """0, 1, 4, 5 and 6 measured here; 2 (interrupted) in test_interrupts.py. 3 is a crash of
+    the harness itself, which no input should cause."""
+    table = _readme_exit_codes()
+    bench_out, _, _ = served
+    env = {**os.environ, "LUMION_HIL_LOCK_DIR": str(tmp_path)}
+
+    def run(*args, bench=bench_out):
+        return _cli("run", "--bench", str(bench), "--results", str(tmp_path / "r"), "--no-report", "-q", *args, env=env)
+
+    assert table[run("-k", "matches_bench").returncode] == "passed"
+    import yaml
+
+    data = yaml.safe_load(bench_out.read_text())
+    data["limits"]["link_margin_db"]["value"] = 40.0  # no real link has that much margin
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(yaml.safe_dump(data))
+    assert table[run("-k", "carries_light", bench=strict).returncode] == "failed"
+    assert table[run("--no-such-option").returncode] == "bench or usage error"
+    assert table[run(bench=ROOT / "tests" / "bad_benches" / "02-negative-timeout.yaml").returncode] == "bench or usage error"
+    assert table[run("-k", "no_such_suite_anywhere").returncode] == "nothing collected"
+    from harness.config import load_bench
+    from harness.lock import BenchLock
+
+    monkeypatch.setenv("LUMION_HIL_LOCK_DIR", str(tmp_path))
+    with BenchLock(load_bench(bench_out).name):
+        busy = run("-k", "matches_bench")
+    assert table[busy.returncode] == "bench busy", busy.stdout + busy.stderr
+    assert "is in use by" in busy.stdout + busy.stderr

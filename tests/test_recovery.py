@@ -242,3 +242,28 @@ def test_dim_light_at_a_meter_points_at_the_transmitter():
         result = controller.recover(Injector(session).inject(Fault("transceiver_degradation", "host0", "p0")))
         assert result.status == "recovered" and "retry" not in result.phases
         assert result.plan.failed_host == "host0"
+
+
+@pytest.mark.parametrize("bench_name", ["emulated.yaml", "example-lab.yaml"])
+def test_recovery_suite_passes_for_every_fault_on_a_served_bench(tmp_path, bench_name):
+    """A served bench is driven like a real one: a fibre cut is a circuit removed at the switch,
+    a killed rank a stopped process, a failed port a closed shutter (the lab's ways); its world
+    makes the faults a lab cannot (a GPU failing, a fading transmitter). The example lab's bench
+    runs through its own topology and real-bench path, served as its emulated twin."""
+    from conftest import emulated_twin, serve_bench
+
+    path = BENCHES / bench_name
+    if bench_name == "example-lab.yaml":
+        path = emulated_twin(path, tmp_path)
+    with serve_bench(path, tmp_path) as (served, _, _):
+        env = {**os.environ, "LUMION_HIL_LOCK_DIR": str(tmp_path)}
+        record = tmp_path / "record.jsonl"
+        run = subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "test_suites" / "test_recovery_time.py"),
+                              "-p", "no:cacheprovider", "-k", "test_recovery_time", "--bench", str(served),
+                              "--run-record", str(record), "-q"], capture_output=True, text=True, env=env,
+                             cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert f"{len(CATALOGUE)} passed" in run.stdout, run.stdout[-2000:]
+    tests = [json.loads(line) for line in record.read_text().splitlines() if '"type": "test"' in line]
+    outcomes = {t["test"].split("[")[-1].rstrip("]"): t["outcome"] for t in tests if "test_recovery_time[" in t["test"]}
+    assert outcomes == {kind: "passed" for kind in CATALOGUE}

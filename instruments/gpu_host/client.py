@@ -156,8 +156,9 @@ class AgentClient(GpuHost):
     def start_job(self, command: list[str], fields: dict, env: dict | None = None) -> dict:
         return self._mapped(self.call("job_start", command=command, fields=fields, env=env or {}), "started_ns")
 
-    def stop_job(self) -> dict:
-        return self.call("job_stop", 30.0)
+    def stop_job(self, timeout_s: float = 10.0) -> dict:
+        """Stop the job (SIGTERM to its process group, SIGKILL after ``timeout_s``)."""
+        return self.call("job_stop", timeout_s + self.timeout_s, timeout_s=timeout_s)
 
     def job_status(self) -> dict:
         return self.call("job_status")
@@ -171,14 +172,15 @@ class AgentClient(GpuHost):
     def run_nccl_tests(self, argv: list[str], timeout_s: float = 600.0) -> dict:
         return self.call("nccl_run", timeout_s + self.timeout_s, argv=argv, timeout_s=timeout_s)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Ask the agent to leave (it stops its job); kill it after ``timeout_s``."""
         if self._proc.poll() is None:
             try:
                 with self._write_lock:
                     self._proc.stdin.write(wire.encode({"id": 0, "method": "bye", "params": {}}))
                     self._proc.stdin.flush()
                 self._proc.stdin.close()
-                self._proc.wait(timeout=10)
+                self._proc.wait(timeout=timeout_s)
             except (OSError, subprocess.TimeoutExpired):
                 self._proc.kill()
                 self._proc.wait(timeout=5)
