@@ -339,18 +339,19 @@ def nccl() -> None:
 @nccl.command("parse")
 @click.argument("file", type=click.File("r"))
 def nccl_parse(file) -> None:
-    """Parse nccl-tests output (text from any version, or the JSON of -J) and print it as JSON:
-    sizes, times in microseconds, algbw and busbw in GB/s, wrong counts, the average. FILE may
-    be - for standard input."""
+    """Parse nccl-tests output (text from any version, with launcher prefixes and log lines, or
+    the JSON of -J) and print it as JSON: {"runs": [...]}, one entry per test in the log, each
+    with its sizes, times in microseconds, algbw and busbw in GB/s, wrong counts (or the old
+    error magnitudes), the average. FILE may be - for standard input."""
     import json
 
-    from instruments.gpu_host.nccl import NcclParseError, parse
+    from instruments.gpu_host.nccl import NcclParseError, parse_runs
 
     try:
-        result = parse(file.read(), file.name)
+        runs = parse_runs(file.read(), file.name)
     except NcclParseError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(json.dumps(result.to_dict(), indent=1))
+    click.echo(json.dumps({"runs": [run.to_dict() for run in runs]}, indent=1))
 
 
 def _load_or_exit(path: Path, time_scale: float | None):

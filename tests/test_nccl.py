@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from instruments.gpu_host.nccl import NcclParseError, bus_bandwidth_factor, parse
+from instruments.gpu_host.nccl import NcclParseError, bus_bandwidth_factor, parse, parse_runs
 
 OUT = Path(__file__).resolve().parent / "nccl_outputs"
+PUBLISHED = OUT / "published"  # real outputs; SOURCES.md says where each came from
 
 
 def test_current_text_two_ranks():
@@ -22,6 +23,71 @@ def test_current_text_two_ranks():
     assert last.type == "float" and last.redop == "sum" and last.root == -1
     assert last.out_of_place.time_us == 116004 and last.out_of_place.busbw_gbps == 1.16
     assert last.in_place.wrong == 0 and r.avg_busbw_gbps == 0.5645 and r.out_of_bounds == 0
+
+
+def _row(result, size):
+    return next(r for r in result.rows if r.size_bytes == size)
+
+
+def test_published_current_vintage_after_a_quoted_command():
+    r = parse((PUBLISHED / "a3mega-h100-16rank-all_reduce.md").read_text())
+    assert r.collective == "all_reduce" and r.ranks == 16 and r.launcher is None and len(r.rows) == 31
+    first, last = r.rows[0], r.rows[-1]
+    assert (first.size_bytes, first.count, first.type, first.redop, first.root) == (8, 2, "float", "sum", -1)
+    assert first.out_of_place.time_us == 135.8 and first.in_place.time_us == 123.5
+    assert last.size_bytes == 8589934592 and last.out_of_place.time_us == 47535 and last.out_of_place.busbw_gbps == 338.82
+    assert _row(r, 1048576).in_place.algbw_gbps == 5.06 and r.total_wrong == 0 and r.avg_busbw_gbps == 70.742
+
+
+def test_published_openmpi_tagged_rows_with_uneven_headers():
+    r = parse((PUBLISHED / "aws-batch-openmpi-p5-all_reduce.txt").read_text())
+    assert r.launcher == "openmpi" and len(r.rows) == 32 and r.avg_busbw_gbps == 156.742
+    assert _row(r, 17179869184).in_place.busbw_gbps == 483.35 and _row(r, 8388608).in_place.algbw_gbps == 100.80
+    assert _row(r, 32).out_of_place.time_us == 22.25 and r.total_wrong == 0
+
+
+def test_published_old_vintage_error_magnitude_is_not_a_wrong_count():
+    """NCCL 2.8 era: no root column, an `error` magnitude; hundreds of NCCL INFO and launcher
+    lines from 16 ranks around and inside the table."""
+    r = parse((PUBLISHED / "aws-efa-eks-p4d-openmpi-nccl2.8.txt").read_text())
+    assert r.launcher == "openmpi" and r.ranks == 16 and len(r.rows) == 30
+    row = _row(r, 8)
+    assert row.root is None and row.redop == "sum" and row.out_of_place.time_us == 179.1
+    assert row.out_of_place.wrong is None and row.out_of_place.error == 2e-07 and row.in_place.error == 1e-07
+    assert r.total_wrong is None, "an error magnitude is no count of wrong elements"
+    assert _row(r, 4294967296).out_of_place.busbw_gbps == 43.81 and r.avg_busbw_gbps == 11.2432
+
+
+def test_published_document_with_three_runs_keeps_them_apart():
+    runs = parse_runs((PUBLISHED / "awsome-readme-three-runs.md").read_text())
+    assert [(r.launcher, len(r.rows)) for r in runs] == [("slurm", 29), ("slurm", 32), ("openmpi", 7)]
+    p4de, p5, eks = runs
+    assert p4de.avg_busbw_gbps is None and _row(p4de, 2147483648).out_of_place.busbw_gbps == 78.33
+    assert _row(p5, 17179869184).in_place.time_us == 66109 and _row(p5, 16).out_of_place.time_us == 72.64
+    assert eks.rows[0].size_bytes == 0 and _row(eks, 134217728).in_place.busbw_gbps == 145.83
+    assert eks.avg_busbw_gbps == 52.9753 and eks.collective == "all_reduce"
+    with pytest.raises(NcclParseError, match="3 runs in one log"):
+        parse((PUBLISHED / "awsome-readme-three-runs.md").read_text())
+
+
+def test_published_issue_78_old_all_reduce_and_alltoall_with_an_empty_field():
+    ar = parse((PUBLISHED / "nccl-tests-issue78-all_reduce.txt").read_text())
+    assert [r.size_bytes for r in ar.rows] == [268435456, 536870912]
+    assert ar.rows[1].out_of_place.time_us == 244833 and ar.rows[1].in_place.error == 2e-06
+    a2a = parse((PUBLISHED / "nccl-tests-issue78-alltoall-empty-redop.txt").read_text())
+    row = a2a.rows[0]
+    assert (row.type, row.redop, row.root) == ("float", None, None)
+    assert row.out_of_place.time_us == 520935 and row.out_of_place.busbw_gbps == 0.51
+    assert row.out_of_place.error == 0.0 and row.in_place.error == 1.0 and a2a.avg_busbw_gbps == 0.507636
+
+
+def test_published_elided_rows_and_slurm_scatter():
+    p5en = parse((PUBLISHED / "p5en-elided-all_reduce.txt").read_text())
+    assert [r.size_bytes for r in p5en.rows] == [8, 16, 17179869184] and p5en.avg_busbw_gbps == 84.0569
+    scatter = parse((PUBLISHED / "slurm-label-scatter.txt").read_text())
+    assert scatter.launcher == "slurm" and len(scatter.rows) == 29
+    assert scatter.rows[0].size_bytes == 0 and (scatter.rows[3].redop, scatter.rows[3].root) == ("none", 0)
+    assert scatter.rows[3].out_of_place.time_us == 88.38 and _row(scatter, 2147483648).in_place.busbw_gbps == 79.63
 
 
 def test_checking_off_is_none_not_zero_and_iters_column():
@@ -36,7 +102,7 @@ def test_old_format_in_milliseconds_without_root():
     assert r.source_time_unit == "ms"
     assert r.rows[0].root is None
     assert r.rows[2].out_of_place.time_us == pytest.approx(52.0)  # 0.052 ms
-    assert r.rows[2].out_of_place.wrong == 0.0
+    assert r.rows[2].out_of_place.wrong is None and r.rows[2].out_of_place.error == 0.0
 
 
 def test_log_lines_between_rows_are_skipped():
@@ -55,6 +121,7 @@ def test_json_output():
 @pytest.mark.parametrize("name,reason", [
     ("broken-garbage.txt", "no column header"),
     ("broken-truncated.txt", "expected 13 columns, found 7"),
+    ("broken-wrong-not-a-count.txt", "#wrong is a count of elements"),
     ("broken-no-units.txt", "no units row"),
     ("broken-nonnumeric.txt", "not a result row"),
     ("broken-empty.json", "'results' list is empty"),
@@ -76,7 +143,12 @@ def test_cli_prints_json_and_names_broken_files():
                         capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0
     data = json.loads(ok.stdout)
-    assert data["rows"][1]["out_of_place"]["algbw_gbps"] == 0.03 and data["avg_busbw_gbps"] == 0.5645
+    assert len(data["runs"]) == 1
+    run = data["runs"][0]
+    assert run["rows"][1]["out_of_place"]["algbw_gbps"] == 0.03 and run["avg_busbw_gbps"] == 0.5645
+    several = subprocess.run([sys.executable, "-m", "harness", "nccl", "parse", str(PUBLISHED / "awsome-readme-three-runs.md")],
+                             capture_output=True, text=True, timeout=60)
+    assert several.returncode == 0 and len(json.loads(several.stdout)["runs"]) == 3
     bad = subprocess.run([sys.executable, "-m", "harness", "nccl", "parse", str(OUT / "broken-truncated.txt")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "broken-truncated.txt:3: expected 13 columns" in bad.stderr
