@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     NonNegativeFloat,
+    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     ValidationError,
@@ -163,6 +164,9 @@ class HostEmulation(_Model):
     lock_time_s: NonNegativeFloat = Field(0.005, description="light at the receiver to CDR lock")
     link_up_time_s: NonNegativeFloat = Field(0.1, description="lock to carrier up as the OS reports it")
     agent_latency_s: NonNegativeFloat = 0.0
+    link_rate_factor: float = Field(1.0, gt=0, le=1, description="the fraction of its rate each optical link "
+                                    "of this host really carries (1: all of it)")
+    silent_data_corruption: bool = Field(False, description="its GPU returns wrong results without an error")
 
 
 class Host(_Model):
@@ -196,6 +200,7 @@ class Job(_Model):
     gradient_bytes: PositiveFloat = 2.47e9
     compute_time_s: NonNegativeFloat = 0.3
     startup_time_s: NonNegativeFloat = 1.0
+    batch_per_rank: PositiveInt = Field(8, description="samples each rank takes per step (samples/s = this x ranks / step time)")
 
 
 class Topology(_Model):
@@ -222,6 +227,8 @@ class Limits(_Model):
     marginal_fraction: float = Field(
         0.1, ge=0, lt=1, description="a pass within this fraction of the limit is reported marginal"
     )
+    about_tolerance: Sourced = Sourced(value=0.25, source="assumption: a published 'about' figure (rounded, some "
+                                       "from secondary summaries) is met within +-25%")
 
 
 class Deadlines(_Model):
@@ -242,12 +249,63 @@ class Safety(_Model):
 
 class MigrationBaseline(_Model):
     """Recovery without an optical fabric: the job moves to an idle reserved rack and restores
-    its checkpoint (LUMION's baseline). Emulated on the same world, to compare."""
+    its checkpoint (LUMION's baseline). Emulated on the same world, to compare; the reserved
+    rack's servers are on the electrical network (``electrical``), in a rack of their own."""
 
     checkpoint_bytes: PositiveFloat = Field(1.73e10, description="weights, optimizer state, master copy")
     network_gbps: PositiveFloat = Field(25.0, description="checkpoint storage to the new rack")
     scheduling_s: NonNegativeFloat = Field(5.0, description="finding and claiming the reserved rack")
-    electrical_busbw_gbps: PositiveFloat = Field(5.0, description="all-reduce bus bandwidth on the rack's electrical network")
+
+
+class ElectricalRack(_Model):
+    """The electrical alternative the papers compare against: each server's NIC to a top-of-rack
+    packet switch, and servers in other racks through each rack's shared uplink. On an emulated
+    bench the world models it; on a real one it is the network the hosts' ``interface`` is on."""
+
+    interface: str = Field("eth0", description="the hosts' NIC on it; a job uses it when NCCL_SOCKET_IFNAME names it")
+    nic_gbps: Sourced = Field(description="each server's NIC rate")
+    hop_latency_us: Sourced = Field(description="one packet-switch hop")
+    oversubscription: Sourced = Field(description="a rack's server bandwidth over its uplink's (2: 2:1); under "
+                                      "load a server gets 1/oversubscription of its NIC to other racks")
+    racks: dict[str, str] = Field(default={}, description="host -> rack; hosts not named are in rack0")
+
+    def rack_of(self, host: str) -> str:
+        if host.startswith("reserved-"):
+            return "reserved"
+        return self.racks.get(host, "rack0")
+
+    @field_validator("oversubscription")
+    @classmethod
+    def _at_least_one(cls, value: Sourced) -> Sourced:
+        if value.value < 1:
+            raise ValueError("an oversubscription ratio is 1 or more (1: non-blocking)")
+        return value
+
+
+class CollectiveSettings(_Model):
+    """How NCCL's collectives cost on either fabric (instruments/collectives.py): the emulated
+    job and nccl-tests take their figures from here, the pod-scale planner too."""
+
+    step_latency_us: Sourced = Sourced(value=15.0, source="assumption: one NCCL ring step over TCP sockets "
+                                       "(the prototype ran NCCL_IB_DISABLE=1)")
+    optical_hop_latency_us: Sourced = Sourced(value=1.0, source="assumption: NIC to NIC over a circuit, "
+                                              "a few metres of fibre")
+    rings: Literal[1, 2] = Field(2, description="NCCL rings: 2 runs one each way round")
+
+
+class NcclTests(_Model):
+    """How the suites run nccl-tests on the hosts."""
+
+    path: str = Field("", description="folder of the *_perf binaries on the hosts; emulated hosts run emulated ones")
+    launcher: list[str] = Field(default=[], description="argv before the binary, e.g. [mpirun, -np, '{world_size}', "
+                                "-H, '{hosts}']; {world_size} and {hosts} are filled in. Empty: the binary alone")
+    min_bytes: PositiveInt = 8
+    max_bytes: PositiveInt = 134217728
+    step_factor: PositiveInt = 2
+    iters: PositiveInt = 5
+    warmup_iters: NonNegativeInt = 1
+    check: NonNegativeInt = Field(1, description="-c: iterations whose results are checked (0: none, #wrong is N/A)")
+    timeout_s: PositiveFloat = 300.0
 
 
 class RecoverySettings(_Model):
@@ -276,6 +334,9 @@ class Bench(_Model):
     recovery: RecoverySettings = RecoverySettings()
     deadlines: Deadlines = Deadlines()
     safety: Safety = Safety()
+    electrical: ElectricalRack | None = None
+    collectives: CollectiveSettings = CollectiveSettings()
+    nccl_tests: NcclTests = NcclTests()
 
     # -- derived views -----------------------------------------------------------------------
 
@@ -356,6 +417,14 @@ class Bench(_Model):
                 bad(f"published.{key}", f"no published number {key!r}; see harness/published.yaml")
         if ":" not in self.recovery.controller:
             bad("recovery.controller", "expected module:factory, e.g. harness.controller:ReferenceController")
+        if self.electrical is not None:
+            hosts = {h.name for h in self.topology.hosts}
+            for host in self.electrical.racks:
+                if host not in hosts:
+                    bad(f"electrical.racks.{host}", f"no host named {host!r}")
+            optical = {n.interface or n.name for h in self.topology.hosts for n in h.nics}
+            if self.electrical.interface in optical:
+                bad("electrical.interface", f"{self.electrical.interface!r} is an optical NIC's interface")
         if self.job is not None:
             hosts = {h.name for h in self.topology.hosts}
             for ri, rank_host in enumerate(self.job.ranks):

@@ -50,8 +50,26 @@ def all_published() -> dict[str, Published]:
     return dict(_registry())
 
 
-def upper_limit(name: str, key: str, overrides: dict | None = None, marginal_fraction: float = 0.1) -> Spec:
+def _scaled(p: Published, time_scale: float) -> tuple[float, str]:
+    """A published time on an emulated bench run at ``time_scale``: scaled the same way as every
+    emulated latency, and saying so. Other units are left as they are."""
+    if p.unit != "s" or time_scale == 1.0:
+        return p.value, ""
+    return p.value * time_scale, f"; x time scale {time_scale:g} (emulated latencies scaled alike)"
+
+
+def upper_limit(name: str, key: str, overrides: dict | None = None, marginal_fraction: float = 0.1,
+                time_scale: float = 1.0) -> Spec:
     """A measurement judged as "no more than the published figure"."""
     p = published(key, overrides)
-    return Spec(name, p.unit, high=p.value, source=f"{p.quantity}: {p.value:g} {p.unit}, {p.cite()}",
+    high, note = _scaled(p, time_scale)
+    return Spec(name, p.unit, high=high, source=f"{p.quantity}: {p.value:g} {p.unit}, {p.cite()}{note}",
+                marginal_fraction=marginal_fraction)
+
+
+def about(name: str, key: str, overrides: dict | None, tolerance: float, marginal_fraction: float = 0.1) -> Spec:
+    """A measurement judged against a published "about X" figure: within X (1 +- tolerance)."""
+    p = published(key, overrides)
+    return Spec(name, p.unit, low=p.value * (1 - tolerance), high=p.value * (1 + tolerance),
+                source=f"{p.quantity}: about {p.value:g} {p.unit} (+-{tolerance:.0%}), {p.cite()}",
                 marginal_fraction=marginal_fraction)

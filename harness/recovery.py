@@ -107,16 +107,42 @@ def migrate_to_reserved_rack(session, ranks: list[str]) -> dict:
     session.stop_job()
     restored_ns = world.transfer_checkpoint(settings.checkpoint_bytes, settings.network_gbps, settings.scheduling_s)
     reserved = [f"reserved-{i}" for i in range(len(ranks))]
-    argv = session.emulated.job_argv(reserved) + ["--fixed-bandwidth-gbps", str(settings.electrical_busbw_gbps)]
+    argv = session.emulated.job_argv(reserved)
     control = JobControl("/tmp/lumion-hil-migration", clock_ns=time.perf_counter_ns)
-    control.start(argv, {"rank": 0})
+    # The reserved rack has no optical fabric: its servers talk over the electrical network.
+    control.start(argv, {"rank": 0}, session.fabric_env(ranks[0], "electrical"))
     try:
         status = control.wait_step(2, session.bench.deadlines.recovery_s)
         if not status["reached"]:
             raise RuntimeError(f"the job did not step on the reserved rack: {status['last_lines']}")
-        first = world.events_of("job.step", "reserved-0")
-        return {"restored_ns": restored_ns, "first_step_ns": first[0].t_ns,
-                "step_time_s": status["progress"].get("step_time_s"),
-                "samples_per_s": status["progress"].get("samples_per_s")}
+        steps = control.steps()
+        return {"restored_ns": restored_ns, "first_step_ns": steps[0][1], "steps": steps}
     finally:
         control.stop(timeout_s=5)
+
+
+SWAP_FAULTS = ("gpu_failure", "fibre_cut", "switch_port_failure")
+
+
+def recover_once(session, ranks: list[str], kinds: tuple[str, ...] = SWAP_FAULTS):
+    """Make the first fault of ``kinds`` this bench can make (each needs a spare swapped in),
+    and let the controller under test recover from it. Returns (injector, fault, fault_ns,
+    result); the caller repairs the fault (``injector.repair(fault)``) when done with it."""
+    from harness.controller import load_controller
+    from harness.faults import Injector
+
+    injector = Injector(session, seed=session.bench.recovery.fault_seed)
+    kind = next((k for k in kinds if injector.supported(k)[0]), None)
+    if kind is None:
+        raise ValueError(f"bench {session.bench.name!r} can make none of the faults {', '.join(kinds)}")
+    controller = load_controller(session, ranks)
+    fault = injector.choose(kind, ranks)
+    controller.arm()
+    try:
+        fault_ns = injector.inject(fault)
+        result = controller.recover(fault_ns)
+    except BaseException:
+        controller.disarm()
+        injector.repair(fault)
+        raise
+    return injector, fault, fault_ns, result

@@ -96,8 +96,21 @@ class BenchSession:
             return emulated_job_argv(world, job, ranks)
         raise ValueError(f"bench {self.bench.name!r}: job.command is empty and its hosts are not emulated")
 
-    def start_job(self, ranks: list[str]) -> dict[str, dict]:
-        """Start every rank of the job on its host (rank 0 is the master)."""
+    def fabric_env(self, host_name: str, fabric: str = "optical") -> dict[str, str]:
+        """How a job or nccl-tests on this host is told which network to use, as NCCL is:
+        NCCL_SOCKET_IFNAME names the host's optical NICs, or the electrical rack's interface."""
+        if fabric == "electrical":
+            if self.bench.electrical is None:
+                raise ValueError(f"bench {self.bench.name!r} has no electrical section: no electrical rack to run on")
+            return {"NCCL_SOCKET_IFNAME": self.bench.electrical.interface}
+        if fabric != "optical":
+            raise ValueError(f"unknown fabric {fabric!r}: optical or electrical")
+        host = self.bench.host(host_name)
+        return {"NCCL_SOCKET_IFNAME": ",".join(n.interface or n.name for n in host.nics)}
+
+    def start_job(self, ranks: list[str], fabric: str = "optical") -> dict[str, dict]:
+        """Start every rank of the job on its host (rank 0 is the master), on the optical
+        circuits or on the electrical rack."""
         job = self.bench.job
         command = self.job_command(ranks)
         master = self.bench.host(ranks[0])
@@ -107,8 +120,31 @@ class BenchSession:
                       "master_addr": "127.0.0.1" if master.emulated or master.world_address or master.address == "local"
                            else master.address.split("@")[-1],
                       "heartbeat": f"{job.heartbeat_dir}/rank{rank}.jsonl"}
-            started[host_name] = self.hosts[host_name].start_job(command, fields)
+            started[host_name] = self.hosts[host_name].start_job(command, fields, self.fabric_env(host_name, fabric))
         return started
+
+    def nccl_tests_command(self, collective: str, ranks: list[str], fabric: str = "optical",
+                           sizes: tuple[int, int] | None = None) -> tuple[list[str], dict[str, str]]:
+        """argv and environment to run one nccl-tests program over ``ranks`` from the first
+        one's host: the bench's launcher and binaries, or on an emulated host the emulated ones."""
+        settings = self.bench.nccl_tests
+        lead = self.bench.host(ranks[0])
+        env = self.fabric_env(ranks[0], fabric)
+        world = self.emulated.world_service.address if lead.emulated else lead.world_address
+        if world:
+            from instruments.emulators.bench import nccl_tests_folder
+
+            folder, launcher = str(nccl_tests_folder(world)), []
+            env["LUMION_HIL_RANKS"] = ",".join(ranks)  # what mpirun -H would tell the real programs
+        else:
+            folder = settings.path
+            launcher = [a.replace("{world_size}", str(len(ranks))).replace("{hosts}", ",".join(
+                self.bench.host(r).address.split("@")[-1] for r in ranks)) for a in settings.launcher]
+        low, high = sizes or (settings.min_bytes, settings.max_bytes)
+        binary = f"{folder.rstrip('/')}/{collective}_perf" if folder else f"{collective}_perf"
+        argv = launcher + [binary, "-b", str(low), "-e", str(high), "-f", str(settings.step_factor), "-g", "1",
+                           "-n", str(settings.iters), "-w", str(settings.warmup_iters), "-c", str(settings.check)]
+        return argv, env
 
     def stop_job(self) -> None:
         """Stop the job on every host, all at once."""

@@ -53,3 +53,20 @@ def render(fig, fmt: str) -> bytes:
 
 def close(fig) -> None:
     plt.close(fig)
+
+
+def busbw_figure(series: dict[str, dict[int, float]], title: str = "bus bandwidth by message size"):
+    """nccl-tests' busbw against message size, one line per fabric or moment (log x)."""
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for k, (label, by_size) in enumerate(series.items()):
+        sizes = sorted(s for s in by_size if s > 0)
+        ax.plot(sizes, [by_size[s] for s in sizes], marker="o", markersize=3, linewidth=1.2, label=label,
+                color=f"C{k % 10}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(title)
+    ax.grid(True, which="both", linewidth=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -13,7 +13,7 @@ from fixtures import allure_glue
 from harness.controller import PHASES, load_controller
 from harness.faults import CATALOGUE, Injector
 from harness.measurements import Spec
-from harness.published import published, upper_limit
+from harness.published import upper_limit
 from harness.recovery import LightProbe, ground_truth, migrate_to_reserved_rack
 from reports.plots import close, recovery_figure
 
@@ -107,7 +107,6 @@ def test_migration_baseline_against_optical_recovery(bench, bench_file, running_
     fault, fault_ns, optical, _ = _recover(bench, bench_file, running_job, "gpu_failure")
     assert optical.status == "recovered", optical.reason
     optical_s = (optical.first_step_ns - fault_ns) / 1e9
-    optical_rate = gpu_hosts[optical.plan.ranks_after[0]].wait_step(2, bench_file.deadlines.recovery_s)["progress"]
 
     bench.stop_job()
     bench.restore_baseline()
@@ -129,7 +128,3 @@ def test_migration_baseline_against_optical_recovery(bench, bench_file, running_
     measure(Spec("optical_to_first_step", "s", description="fault to first step with the optical swap"), optical_s)
     measure(Spec("migration_over_optical_recovery", "ratio").at_least(1.0, "LUMION: the fabric avoids migration"),
             migration_s / optical_s)
-    claim = published("lumion.throughput_vs_electrical", bench_file.published)
-    measure(Spec("throughput_optical_over_electrical", "ratio", description="samples/s after recovery").in_range(
-        claim.value * 0.75, claim.value * 1.25, f"{claim.quantity}: nearly {claim.value:g}x, {claim.cite()}; "
-        "the electrical bandwidth is the bench's assumption"), optical_rate["samples_per_s"] / migrated["samples_per_s"])

@@ -162,8 +162,12 @@ def test_job_progress_from_output_and_stop(tmp_path):
               "print('step 4', flush=True)\n"
               "time.sleep(60)\n")
     jobs.start([sys.executable, "-c", script, "{rank}"], {"rank": 0})
+    before = time.monotonic_ns()
     stamped = jobs.wait_step(3, timeout_s=20)["progress"]
-    assert stamped["t_ns"] == 1234 and stamped["stamped_by"] == "job"  # the job's own clock, not the read time
+    # Stamped when the agent read the line, from outside the job; the job's own claim kept beside it.
+    assert stamped["stamped_by"] == "agent" and stamped["claimed_ns"] == 1234
+    assert before - 10**9 <= stamped["t_ns"] <= time.monotonic_ns()
+    assert [step for step, _ in jobs.steps()] == [1, 2, 3]
     status = jobs.wait_step(4, timeout_s=20)
     assert status["reached"] and status["running"] and status["progress"]["step"] == 4
     assert status["progress"]["stamped_by"] == "agent"

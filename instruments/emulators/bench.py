@@ -4,6 +4,8 @@ instrument marked ``emulated``, each on its real transport."""
 from __future__ import annotations
 
 import sys
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from instruments.emulators.world import World
@@ -68,6 +70,11 @@ class EmulatedBench:
             return device, PtyLineServer(device.handle_line, name, eol=b"\n")
         raise ValueError(f"{name}: no emulator for model {spec.model!r}")
 
+    @property
+    def nccl_tests_path(self) -> str:
+        """Where the emulated hosts' nccl-tests programs are."""
+        return str(nccl_tests_folder(self.world_service.address))
+
     def agent_argv(self, host_name: str, *extra: str) -> list[str]:
         """How to start the agent of an emulated host: the real agent program, its NVML, links
         and job served by this world."""
@@ -98,11 +105,20 @@ def agent_argv(world_address: str, host, *extra: str) -> list[str]:
             "--host", host.name, "--interfaces", interfaces, *extra]
 
 
+def nccl_tests_folder(world_address: str) -> Path:
+    """A folder of emulated nccl-tests executables for the world at ``world_address``."""
+    from instruments.emulators.nccl_tests import install
+
+    folder = Path(tempfile.gettempdir()) / "lumion-hil-nccl-tests" / world_address.replace(":", "-")
+    return install(folder, world_address)
+
+
 def job_argv(world_address: str, job, ranks: list[str]) -> list[str]:
     """The emulated training job's command template (one rank; {rank} filled by the agent)."""
     return [sys.executable, "-m", "instruments.gpu_host.emulated_job", "--world", world_address,
             "--ranks", ",".join(ranks), "--rank", "{rank}", "--gradient-bytes", str(job.gradient_bytes),
-            "--compute-time-s", str(job.compute_time_s), "--startup-time-s", str(job.startup_time_s)]
+            "--compute-time-s", str(job.compute_time_s), "--startup-time-s", str(job.startup_time_s),
+            "--batch", str(job.batch_per_rank)]
 
 
 def served_bench(bench, emulated: "EmulatedBench") -> dict:

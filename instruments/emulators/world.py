@@ -15,9 +15,9 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-from typing import TYPE_CHECKING
+from instruments.collectives import Cost, Fabric, Link, collective_cost
 
 if TYPE_CHECKING:  # the emulators read the bench's settings; they import nothing from harness
     from harness.config import Bench
@@ -411,6 +411,10 @@ class World:
             gpu = self.gpus[(host, index)]
             return gpu.failed_ns is not None and gpu.failed_ns <= t
 
+    def corrupts_data(self, host: str) -> bool:
+        """A GPU that computes wrong results without reporting an error (silent data corruption)."""
+        return host in self.hosts and self.hosts[host].emulation.silent_data_corruption
+
     def host_failed(self, host: str, t_ns: int | None = None) -> bool:
         return any(self.gpu_failed(h, i, t_ns) for (h, i) in self.gpus if h == host)
 
@@ -491,26 +495,69 @@ class World:
             candidates.append(since + self.scaled_ns(emu.link_up_time_s))
         return min(candidates) if candidates else None
 
-    # -- collective bandwidth ------------------------------------------------------------------
+    # -- fabrics: what a collective costs over the light that is up now ------------------------
 
-    def link_between(self, a: str, b: str, t_ns: int | None = None) -> float:
-        """Gb/s of the optical links that are up in both directions between hosts a and b."""
+    def fabric_name(self, socket_ifname: str | None) -> str:
+        """Which fabric a job's traffic takes: the electrical rack when NCCL_SOCKET_IFNAME names
+        its interface, else the optical circuits."""
+        electrical = self.bench.electrical
+        names = {n.strip() for n in (socket_ifname or "").split(",") if n.strip()}
+        return "electrical" if electrical is not None and electrical.interface in names else "optical"
+
+    def optical_fabric(self, t_ns: int | None = None) -> Fabric:
+        """One link per ordered host pair: every lit circuit from the first host's transmitters
+        to the second's receivers whose receiving link is up, their rates added (NCCL spreads
+        over several NICs)."""
         t = self.now_ns() if t_ns is None else t_ns
+        latency = self.bench.collectives.optical_hop_latency_us.value
+        links: dict = {}
         with self.lock:
-            conns = {c.ingress: c.egress for c in self.circuits if c.lit_at(t)}
-            total = 0.0
-            for na in self.hosts[a].nics:
-                for nb in self.hosts[b].nics:
-                    if conns.get(na.tx_port) == nb.rx_port and conns.get(nb.tx_port) == na.rx_port:
-                        if self.link_state(a, na.name, t)[0] == "up" and self.link_state(b, nb.name, t)[0] == "up":
-                            total += min(na.rate_gbps, nb.rate_gbps)
-            return total
+            for c in self.circuits:
+                if not c.lit_at(t) or c.ingress not in self.sources or c.egress not in self.sinks:
+                    continue
+                a, a_nic = self.sources[c.ingress].owner.split(".", 1)
+                b, b_nic = self.sinks[c.egress].owner.split(".", 1)
+                if self.link_state(b, b_nic, t)[0] != "up":
+                    continue
+                tx, rx = self._nic(a, a_nic)[0], self._nic(b, b_nic)[0]
+                rate = min(tx.rate_gbps * self.hosts[a].emulation.link_rate_factor,
+                           rx.rate_gbps * self.hosts[b].emulation.link_rate_factor)
+                old = links.get(("optical", a, b))
+                links[("optical", a, b)] = Link((old.capacity_gbps if old else 0.0) + rate, latency)
+        return Fabric(links, lambda x, y: (("optical", x, y),) if ("optical", x, y) in links else None)
 
-    def ring_bandwidth_gbps(self, ranks: list[str], t_ns: int | None = None) -> float:
-        """Bus bandwidth a ring collective over these hosts gets: its slowest hop (0: broken)."""
-        if len(ranks) < 2:
-            return math.inf
-        return min(self.link_between(a, b, t_ns) for a, b in zip(ranks, ranks[1:] + ranks[:1]))
+    def electrical_fabric(self, ranks: list[str]) -> Fabric:
+        """Each server's NIC to its rack's packet switch; traffic to another rack crosses the
+        rack's uplink, which under load gives each server 1/oversubscription of its NIC rate
+        each way (assumption: every server of the rack is busy). Hosts of the reserved rack
+        (the migration baseline) are in a rack of their own."""
+        rack = self.bench.electrical
+        if rack is None:
+            raise WorldError("argument", f"bench {self.bench.name!r} has no electrical section")
+        nic, hop = rack.nic_gbps.value, rack.hop_latency_us.value
+        share = nic / rack.oversubscription.value
+        links: dict = {}
+        for host in set(self.hosts) | set(ranks):
+            links[("nic-tx", host)] = Link(nic, hop)
+            links[("nic-rx", host)] = Link(nic, 0.0)
+            links[("uplink", host)] = Link(share, hop)  # its share of the rack's uplink to the spine
+            links[("downlink", host)] = Link(share, hop)
+
+        def route(a: str, b: str):
+            if rack.rack_of(a) == rack.rack_of(b):
+                return (("nic-tx", a), ("nic-rx", b))
+            return (("nic-tx", a), ("uplink", a), ("downlink", b), ("nic-rx", b))
+
+        return Fabric(links, route)
+
+    def collective_cost(self, collective: str, ranks: list[str], size_bytes: int, fabric: str = "optical",
+                        t_ns: int | None = None) -> Cost:
+        """The physical time of one collective now (unscaled). Raises NoPath when two ranks that
+        must talk have no link up between them."""
+        settings = self.bench.collectives
+        net = self.electrical_fabric(ranks) if fabric == "electrical" else self.optical_fabric(t_ns)
+        return collective_cost(collective, ranks, size_bytes, net, step_latency_us=settings.step_latency_us.value,
+                               rings=settings.rings)
 
     def wait_for_change(self, timeout_s: float) -> None:
         with self.lock:

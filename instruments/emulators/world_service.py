@@ -9,6 +9,7 @@ import socketserver
 import threading
 import time
 
+from instruments.collectives import NoPath
 from instruments.emulators.world import World
 from instruments.gpu_host import wire
 
@@ -118,26 +119,34 @@ class WorldService:
         self.world.record(t, f"job.{what}", host, rank=rank, step=step)
         return t
 
+    def rpc_collective(self, collective: str, ranks: list[str], size_bytes: int, socket_ifname: str | None = None) -> dict:
+        """What one collective costs now, on the fabric NCCL_SOCKET_IFNAME picks: the time in
+        the world's (scaled) seconds, or why it cannot complete (a failed peer, no path)."""
+        world = self.world
+        failed = [h for h in ranks if h in world.hosts and world.host_failed(h)]
+        if failed:
+            return {"time_s": None, "stalled": f"peer {failed[0]} failed"}
+        fabric = world.fabric_name(socket_ifname)
+        try:
+            cost = world.collective_cost(collective, ranks, int(size_bytes), fabric)
+        except NoPath as exc:
+            return {"time_s": None, "stalled": f"{fabric}: {exc}"}
+        return {"time_s": world.scaled_ns(cost.time_s) / 1e9, "fabric": fabric, "algorithm": cost.algorithm,
+                "corrupt": any(world.corrupts_data(h) for h in ranks)}
+
     def rpc_job_step(self, ranks: list[str], rank: int, gradient_bytes: float, compute_time_s: float,
-                     fixed_bandwidth_gbps: float | None = None) -> dict:
-        """What one data-parallel step costs now: compute, then a ring all-reduce of the gradients
-        over the optical links (busbw = the slowest hop; algorithm bytes 2(n-1)/n)."""
+                     socket_ifname: str | None = None) -> dict:
+        """What one data-parallel step costs now: compute, then an all-reduce of the gradients
+        over the fabric the job's NCCL_SOCKET_IFNAME picks (instruments/collectives.py)."""
         world = self.world
         host = ranks[rank]
-        n = len(ranks)
-        if fixed_bandwidth_gbps:  # a rack outside the optical fabric (the migration baseline)
-            comm = gradient_bytes * 2 * (n - 1) / n / (fixed_bandwidth_gbps * 1e9 / 8) if n > 1 else 0.0
-            return {"failed": False, "step_time_s": world.scaled_ns(compute_time_s + comm) / 1e9,
-                    "bandwidth_gbps": fixed_bandwidth_gbps}
-        if world.host_failed(host):
-            return {"failed": True, "step_time_s": None, "bandwidth_gbps": 0.0}
-        if any(world.host_failed(h) for h in ranks):
-            return {"failed": False, "step_time_s": None, "bandwidth_gbps": 0.0, "stalled": "a peer failed"}
-        bw = world.ring_bandwidth_gbps(ranks)
-        if n > 1 and bw <= 0:
-            return {"failed": False, "step_time_s": None, "bandwidth_gbps": 0.0, "stalled": "no link"}
-        comm = 0.0 if n == 1 else gradient_bytes * 2 * (n - 1) / n / (bw * 1e9 / 8)
-        return {"failed": False, "step_time_s": world.scaled_ns(compute_time_s + comm) / 1e9, "bandwidth_gbps": bw}
+        if host in world.hosts and world.host_failed(host):
+            return {"failed": True, "step_time_s": None}
+        comm = self.rpc_collective("all_reduce", ranks, int(gradient_bytes), socket_ifname)
+        if comm["time_s"] is None:
+            return {"failed": False, "step_time_s": None, "stalled": comm["stalled"]}
+        return {"failed": False, "step_time_s": world.scaled_ns(compute_time_s) / 1e9 + comm["time_s"],
+                "fabric": comm["fabric"]}
 
     def rpc_wait_change(self, timeout_s: float) -> None:
         self.world.wait_for_change(timeout_s)

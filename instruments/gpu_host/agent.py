@@ -25,7 +25,6 @@ import traceback
 from instruments.gpu_host import wire
 from instruments.gpu_host.jobs import JobControl
 from instruments.gpu_host.links import SysfsLinks, WorldLinks
-from instruments.gpu_host.nccl import parse as parse_nccl
 from instruments.gpu_host.nvml_backend import NvmlGpus
 
 VERSION = 1
@@ -78,14 +77,28 @@ class Agent:
     def rpc_job_wait_step(self, step: int, timeout_s: float) -> dict:
         return self.jobs.wait_step(step, timeout_s)
 
-    def rpc_nccl_run(self, argv: list, timeout_s: float = 600.0) -> dict:
-        """Run an nccl-tests binary (argv as a list) and return its parsed result."""
+    def rpc_job_steps(self, after_step: int = 0) -> list:
+        return self.jobs.steps(after_step)
+
+    def rpc_job_wait_event(self, event: str, timeout_s: float) -> dict:
+        return self.jobs.wait_event(event, timeout_s)
+
+    def rpc_nccl_run(self, argv: list, timeout_s: float = 600.0, env: dict | None = None) -> dict:
+        """Run nccl-tests (argv as a list: the launcher, if any, then the binary and its flags),
+        never through a shell. Returns its exit status and output; the harness parses it."""
         if not argv or not all(isinstance(a, str) for a in argv):
             raise ValueError("argv is a non-empty list of strings")
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{argv[0]} exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
-        return parse_nccl(proc.stdout, argv[0]).to_dict()
+        started = self.clock_ns()
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
+                                  env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise ValueError(f"no such program {argv[0]!r} on this host (nccl_tests.path in the bench file)") from None
+        except subprocess.TimeoutExpired as exc:
+            raise TimeoutError(f"{argv[0]} ran past {timeout_s:g} s; output so far: "
+                               f"{(exc.stdout or b'')[-300:]!r}") from None
+        return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr[-4000:],
+                "started_ns": started, "ended_ns": self.clock_ns()}
 
     def rpc_bye(self) -> None:
         self._stop.set()

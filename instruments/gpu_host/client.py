@@ -165,12 +165,31 @@ class AgentClient(GpuHost):
 
     def wait_step(self, step: int, timeout_s: float) -> dict:
         status = self.call("job_wait_step", timeout_s + self.timeout_s, step=step, timeout_s=timeout_s)
-        if status.get("progress", {}).get("t_ns") is not None:
-            status["progress"]["t_ns"] = self.clock.to_harness(status["progress"]["t_ns"])
+        progress = status.get("progress", {})
+        for key in ("t_ns", "claimed_ns"):
+            if progress.get(key) is not None:
+                progress[key] = self.clock.to_harness(progress[key])
         return status
 
-    def run_nccl_tests(self, argv: list[str], timeout_s: float = 600.0) -> dict:
-        return self.call("nccl_run", timeout_s + self.timeout_s, argv=argv, timeout_s=timeout_s)
+    def job_steps(self, after_step: int = 0) -> list[tuple[int, int]]:
+        """(step, harness time the agent saw it) for each step after ``after_step``."""
+        return [(step, self.clock.to_harness(t)) for step, t in self.call("job_steps", after_step=after_step)]
+
+    def wait_job_event(self, event: str, timeout_s: float) -> dict:
+        """The job's first ``event`` of this run (``nccl_init``, ``collective``), its ``t_ns`` on
+        the harness clock as the agent saw it; ``event`` is None if it did not come."""
+        status = self.call("job_wait_event", timeout_s + self.timeout_s, event=event, timeout_s=timeout_s)
+        if status.get("event"):
+            status["event"]["t_ns"] = self.clock.to_harness(status["event"]["t_ns"])
+            status["event"]["uncertainty_ns"] = self.clock.uncertainty_ns
+        return status
+
+    def run_nccl_tests(self, argv: list[str], timeout_s: float = 600.0, env: dict | None = None) -> dict:
+        """Run nccl-tests on the host: {returncode, stdout, stderr, started_ns, ended_ns}
+        (the instants on the harness clock)."""
+        out = self.call("nccl_run", timeout_s + self.timeout_s, argv=argv, timeout_s=timeout_s, env=env or {})
+        out["started_ns"], out["ended_ns"] = (self.clock.to_harness(out[k]) for k in ("started_ns", "ended_ns"))
+        return out
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Ask the agent to leave (it stops its job); kill it after ``timeout_s``."""

@@ -1,12 +1,17 @@
 """One rank of the emulated training job: a real process the agent starts and follows like any
-job. Each step costs compute plus a ring all-reduce of the gradients over the optical links the
-world has up now; it prints one heartbeat line (JSON) per step. It dies like a CUDA process
-when its GPU fails, and stalls (as NCCL would) while a peer is gone or a link is down."""
+job. Like a PyTorch DDP job it sets up its NCCL communicator (the line NCCL prints with
+NCCL_DEBUG=INFO: "... Init COMPLETE"), runs one small collective (a barrier), then steps: each
+step costs compute plus an all-reduce of the gradients over the fabric NCCL_SOCKET_IFNAME picks
+(the optical circuits lit now, or the electrical rack), with the world's cost model. It prints
+one line per step; the harness times the steps by when the agent sees them, never by numbers
+the job prints about itself. It dies like a CUDA process when its GPU fails, and stalls (as
+NCCL would) while a peer is gone or a link is down."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -23,22 +28,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup-time-s", type=float, default=1.0)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=10**9)
-    parser.add_argument("--fixed-bandwidth-gbps", type=float, default=None,
-                        help="run outside the optical fabric at this bus bandwidth (migration baseline)")
     args = parser.parse_args(argv)
     world = WorldClient(args.world)
     ranks = args.ranks.split(",")
+    ifname = os.environ.get("NCCL_SOCKET_IFNAME")
     scale = world.call("time_scale")
     host = ranks[args.rank]
     time.sleep(args.startup_time_s * scale)  # emulated process launch and communicator set-up
     world.call("job_event", host=host, rank=args.rank, what="ready")
-    print(json.dumps({"event": "ready", "rank": args.rank, "world_size": len(ranks)}), flush=True)
+    print(f"{host}:{os.getpid()}:{os.getpid()} [0] NCCL INFO comm 0x{id(world):x} rank {args.rank} "
+          f"nranks {len(ranks)} cudaDev 0 busId 17000 - Init COMPLETE", flush=True)
+    while True:  # a barrier: the first collective on the new communicator
+        barrier = world.call("collective", collective="all_reduce", ranks=ranks, size_bytes=4, socket_ifname=ifname)
+        if barrier["time_s"] is not None:
+            break
+        world.call("wait_change", timeout_s=1.0)
+    time.sleep(barrier["time_s"])
+    world.call("job_event", host=host, rank=args.rank, what="collective")
+    print(json.dumps({"event": "collective", "op": "barrier", "rank": args.rank}), flush=True)
     step = 0
     while step < args.steps:
         cost = world.call("job_step", ranks=ranks, rank=args.rank, gradient_bytes=args.gradient_bytes,
-                          compute_time_s=args.compute_time_s, fixed_bandwidth_gbps=args.fixed_bandwidth_gbps)
+                          compute_time_s=args.compute_time_s, socket_ifname=ifname)
         if cost["failed"]:
-            print(f"CUDA error: unspecified launch failure (GPU of {ranks[args.rank]} is lost, XID 79)", flush=True)
+            print(f"CUDA error: unspecified launch failure (GPU of {host} is lost, XID 79)", flush=True)
             return 1
         if cost["step_time_s"] is None:
             world.call("wait_change", timeout_s=1.0)  # a collective waiting on a missing peer or link
@@ -47,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         step += 1
         done_ns = time.monotonic_ns()  # the world's clock too (CLOCK_MONOTONIC)
         world.call("job_event", host=host, rank=args.rank, what="step", step=step, t_ns=done_ns)  # ground truth
-        print(json.dumps({"step": step, "t_monotonic_ns": done_ns, "step_time_s": round(cost["step_time_s"], 6),
-                          "samples_per_s": round(args.batch / cost["step_time_s"], 3),
-                          "bus_bandwidth_gbps": cost["bandwidth_gbps"]}), flush=True)
+        # What a training script logs about itself; the harness does not take its rate from here.
+        print(json.dumps({"step": step, "step_time_s": round(cost["step_time_s"], 6),
+                          "samples_per_s": round(args.batch / cost["step_time_s"], 3)}), flush=True)
     return 0
 
 

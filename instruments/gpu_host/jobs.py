@@ -7,9 +7,12 @@ with ``str.format`` from known fields ({rank} {world_size} {gpu} {master_addr} {
 
 Progress comes from the job's own output, event-driven: a line that is a JSON object with
 ``step`` (the heartbeat format: also ``step_time_s``, ``samples_per_s``, ``tokens_per_s``, and
-``t_monotonic_ns``, the host's CLOCK_MONOTONIC when the step completed: with it, the step's
-time is the job's own, not when its line was read), or a line matching ``step[ =:]<n>``.
-Every line also goes to the job's log file.
+``t_monotonic_ns``, the host's CLOCK_MONOTONIC when the job says the step completed), or a line
+matching ``step[ =:]<n>``. Each step is stamped with the agent's clock when the agent reads its
+line: that is the time the harness uses, measured from outside the job. What the job claims
+(``t_monotonic_ns``) is kept beside it as ``claimed_ns``. Other events are kept in order, with
+the same stamp: a JSON line with ``event`` (``{"event": "collective"}``), and NCCL's own
+``Init COMPLETE`` line (NCCL_DEBUG=INFO) as ``nccl_init``. Every line also goes to the job's log.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from pathlib import Path
 
 FIELDS = ("rank", "world_size", "gpu", "master_addr", "master_port", "heartbeat")
 _STEP_RE = re.compile(r"\bstep[\s=:]+(\d+)", re.IGNORECASE)
+_NCCL_INIT = re.compile(r"NCCL INFO comm \S+ rank \d+ nranks \d+ .*Init COMPLETE")
+_HISTORY = 10000  # steps and events kept per run of the job
 
 
 class JobError(Exception):
@@ -63,6 +68,8 @@ class JobControl:
         self._argv: list[str] = []
         self._exit_ns: int | None = None
         self._tail: list[str] = []
+        self._steps: list[tuple[int, int]] = []  # (step, agent clock when its line was read)
+        self._events: list[dict] = []
 
     def start(self, template: list[str], fields: dict, env: dict | None = None) -> dict:
         if self._proc is not None and self._proc.poll() is None:
@@ -71,7 +78,7 @@ class JobControl:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"rank{fields.get('rank', 0)}.log"
         with self._changed:
-            self._progress, self._exit_ns, self._tail = {}, None, []
+            self._progress, self._exit_ns, self._tail, self._steps, self._events = {}, None, [], [], []
             try:
                 self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                               stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
@@ -85,16 +92,21 @@ class JobControl:
     def _follow(self, proc: subprocess.Popen, log_path: Path) -> None:
         with open(log_path, "a", encoding="utf-8") as log:
             for raw in proc.stdout:
+                seen_ns = self.clock_ns()  # when the agent saw the line: the harness's measurement
                 line = raw.decode("utf-8", "replace").rstrip("\n")
                 log.write(line + "\n")
                 log.flush()
                 progress = _parse_progress(line)
+                event = _parse_event(line)
                 with self._changed:
                     self._tail = (self._tail + [line])[-20:]
                     if progress is not None:
                         own = progress.pop("t_monotonic_ns", None)
-                        t = own + self.offset_ns if isinstance(own, int) else self.clock_ns()
-                        self._progress = {**progress, "t_ns": t, "stamped_by": "job" if isinstance(own, int) else "agent"}
+                        claimed = own + self.offset_ns if isinstance(own, int) else None
+                        self._progress = {**progress, "t_ns": seen_ns, "claimed_ns": claimed, "stamped_by": "agent"}
+                        self._steps = (self._steps + [(progress["step"], seen_ns)])[-_HISTORY:]
+                    if event is not None:
+                        self._events = (self._events + [{**event, "t_ns": seen_ns}])[-_HISTORY:]
                     self._changed.notify_all()
         proc.wait()
         with self._changed:
@@ -124,6 +136,25 @@ class JobControl:
                     "started_ns": self._started_ns, "exit_ns": self._exit_ns, "argv": self._argv,
                     "progress": dict(self._progress), "last_lines": list(self._tail[-5:])}
 
+    def steps(self, after_step: int = 0) -> list[tuple[int, int]]:
+        """(step, when the agent saw it) for every step after ``after_step`` of this run."""
+        with self._changed:
+            return [s for s in self._steps if s[0] > after_step]
+
+    def wait_event(self, event: str, timeout_s: float) -> dict:
+        """Until the job reports ``event`` (or exits, or the deadline passes): the first one of
+        this run, with the agent's stamp."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while True:
+                found = next((e for e in self._events if e["event"] == event), None)
+                exited = self._proc is None or self._exit_ns is not None
+                remaining = deadline - time.monotonic()
+                if found or exited or remaining <= 0:
+                    return {"event": found, "timed_out": found is None and not exited, "running": not exited,
+                            "last_lines": list(self._tail[-5:])}
+                self._changed.wait(remaining)
+
     def wait_step(self, step: int, timeout_s: float) -> dict:
         """Until the job reports ``step`` (or exits, or the deadline passes)."""
         deadline = time.monotonic() + timeout_s
@@ -135,6 +166,20 @@ class JobControl:
                 if reached or exited or remaining <= 0:
                     return {**self.status(), "reached": reached, "timed_out": not reached and not exited and remaining <= 0}
                 self._changed.wait(remaining)
+
+
+def _parse_event(line: str) -> dict | None:
+    text = line.strip()
+    if _NCCL_INIT.search(text):
+        return {"event": "nccl_init"}
+    if text.startswith("{") and '"event"' in text:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        if isinstance(data, dict) and isinstance(data.get("event"), str):
+            return {k: v for k, v in data.items() if isinstance(v, (str, int, float, bool))}
+    return None
 
 
 def _parse_progress(line: str) -> dict | None:

@@ -1,0 +1,197 @@
+"""Emulated nccl-tests: ``all_reduce_perf`` and its siblings, with the real programs' flags and
+output (text, and JSON with ``-J``), their figures taken from the world's current circuits (or
+its electrical rack) through the collective cost model, with the latency of small messages and
+a little noise. Each size really takes its time (warm-up plus iterations, in and out of place,
+at the bench's time scale), so a sweep lasts as long as it would.
+
+The emulated bench puts one executable per collective on the emulated hosts' PATH (see
+:func:`install`); they run this module. The ranks come from ``LUMION_HIL_RANKS`` (what ``mpirun
+-H`` would say on a bench), the fabric from ``NCCL_SOCKET_IFNAME`` as NCCL would take it.
+
+Output follows nccl-tests 2.17 (src/common.cu, src/util.cu): the version line, "Collective
+test starting", the parameters line, the devices, the column header and units row, one row per
+size, "Out of bounds values", "Avg bus bandwidth", "Collective test concluded"."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+from instruments.collectives import bus_factor
+from instruments.emulators.world_service import WorldClient
+
+PROGRAMS = {"all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather",
+            "reduce_scatter_perf": "reduce_scatter", "broadcast_perf": "broadcast", "reduce_perf": "reduce",
+            "alltoall_perf": "alltoall"}
+_TYPES = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8, "half": 2, "float16": 2,
+          "float": 4, "float32": 4, "double": 8, "float64": 8, "bfloat16": 2}
+_REDUCTIONS = ("sum", "prod", "max", "min", "avg")
+NOISE = 0.01  # relative spread of the times printed (assumption: a quiet machine)
+
+
+def _size(text: str) -> int:
+    """nccl-tests' size syntax: 8, 1K, 128M, 2G (powers of 1024)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    text = text.strip().upper()
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def parser_for(program: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=program, description=f"emulated {program} (nccl-tests)")
+    p.add_argument("-t", "--nthreads", type=int, default=1)
+    p.add_argument("-g", "--ngpus", type=int, default=1)
+    p.add_argument("-b", "--minbytes", type=_size, default=32 << 20)
+    p.add_argument("-e", "--maxbytes", type=_size, default=32 << 20)
+    p.add_argument("-i", "--stepbytes", type=_size, default=1 << 20)
+    p.add_argument("-f", "--stepfactor", type=int, default=1)
+    p.add_argument("-n", "--iters", type=int, default=20)
+    p.add_argument("-w", "--warmup_iters", type=int, default=5)
+    p.add_argument("-m", "--agg_iters", type=int, default=1)
+    p.add_argument("-c", "--check", type=int, default=1)
+    p.add_argument("-o", "--op", default="sum")
+    p.add_argument("-d", "--datatype", default="float")
+    p.add_argument("-r", "--root", type=int, default=0)
+    p.add_argument("-a", "--average", type=int, default=1)
+    p.add_argument("-z", "--blocking", type=int, default=0)
+    p.add_argument("-G", "--cudagraph", type=int, default=0)
+    p.add_argument("-p", "--parallel_init", type=int, default=0)
+    p.add_argument("-J", "--output_file", default=None, help="also write the results as JSON to this file")
+    p.add_argument("--world", required=True, help=argparse.SUPPRESS)
+    p.add_argument("--program", default=program, help=argparse.SUPPRESS)
+    return p
+
+
+def sizes(args) -> list[int]:
+    out, size = [], args.minbytes
+    while size <= args.maxbytes:
+        out.append(size)
+        size = size * args.stepfactor if args.stepfactor > 1 else size + args.stepbytes
+        if args.stepfactor <= 1 and args.stepbytes <= 0:
+            break
+    return out
+
+
+def _time_text(us: float) -> str:
+    return f"{us:7.0f}" if us >= 10000 else f"{us:7.1f}" if us >= 100 else f"{us:7.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    program = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--program"), "all_reduce_perf")
+    if program not in PROGRAMS:
+        print(f"{program}: no such emulated nccl-tests program; known: {', '.join(PROGRAMS)}", file=sys.stderr)
+        return 2
+    args = parser_for(program).parse_args(argv)
+    collective = PROGRAMS[program]
+    if args.datatype not in _TYPES:
+        print(f"Invalid datatype '{args.datatype}'", file=sys.stderr)
+        return 1
+    if args.op not in _REDUCTIONS:
+        print(f"Invalid reduction op '{args.op}'", file=sys.stderr)
+        return 1
+    ranks = [r for r in os.environ.get("LUMION_HIL_RANKS", "").split(",") if r]
+    if not ranks:
+        print(f"{program}: LUMION_HIL_RANKS names no hosts (the emulated launcher sets it)", file=sys.stderr)
+        return 2
+    world = WorldClient(args.world)
+    ifname = os.environ.get("NCCL_SOCKET_IFNAME")
+    rng = random.Random(int(os.environ.get("LUMION_HIL_SEED", "1")) + len(ranks))
+    word = _TYPES[args.datatype]
+    reduction = collective in ("all_reduce", "reduce_scatter", "reduce")
+    rooted = collective in ("broadcast", "reduce")
+    root = args.root if rooted else -1
+    n = len(ranks)
+
+    out = [f"# nccl-tests version 2.17.6 nccl-headers=22807 nccl-library=22807 (emulated by lumion-hil)",
+           f"# Collective test starting: {program}",
+           f"# nThread {args.nthreads} nGpus {args.ngpus} minBytes {args.minbytes} maxBytes {args.maxbytes} "
+           f"step: {args.stepfactor if args.stepfactor > 1 else args.stepbytes}"
+           f"({'factor' if args.stepfactor > 1 else 'bytes'}) warmup iters: {args.warmup_iters} iters: {args.iters} "
+           f"agg iters: {args.agg_iters} validation: {1 if args.check else 0} graph: {args.cudagraph}",
+           "#", "# Using devices"]
+    gpus = {h: world.call("gpus", host=h) for h in set(ranks)}
+    for rank, host in enumerate(ranks):
+        gpu = (gpus.get(host) or [{"name": "emulated GPU", "index": 0}])[0]
+        out.append(f"#  Rank {rank:2d} Group  0 Pid {os.getpid():6d} on {host:>10s} device {gpu['index']:2d} "
+                   f"[0x17] {gpu['name']}")
+    out += ["#", f"# {'':10s}  {'':12s}  {'':8s}  {'':6s}  {'':6s}           out-of-place                       in-place          ",
+            f"# {'size':>10s}  {'count':>12s}  {'type':>8s}  {'redop':>6s}  {'root':>6s}  {'time':>7s}  {'algbw':>6s}  "
+            f"{'busbw':>6s}  {'#wrong':>6s}  {'time':>7s}  {'algbw':>6s}  {'busbw':>6s}  {'#wrong':>6s}",
+            f"# {'(B)':>10s}  {'(elements)':>12s}  {'':>8s}  {'':>6s}  {'':>6s}  {'(us)':>7s}  {'(GB/s)':>6s}  "
+            f"{'(GB/s)':>6s}  {'':>6s}  {'(us)':>7s}  {'(GB/s)':>6s}  {'(GB/s)':>6s}  {'':>6s}"]
+    print("\n".join(out), flush=True)
+
+    results, busbws, wrong_total = [], [], 0
+    for size in sizes(args):
+        count = size // word
+        if collective in ("all_gather", "reduce_scatter", "alltoall"):
+            count = size // word // n  # nccl-tests counts one rank's share for these
+        nbytes = count * word * (n if collective in ("all_gather", "reduce_scatter", "alltoall") else 1)
+        row = {"size": nbytes, "count": count, "type": args.datatype, "redop": args.op if reduction else "none",
+               "root": f"{root:6d}"}
+        line = f"{nbytes:12d}  {count:12d}  {args.datatype:>8s}  {row['redop']:>6s}  {root:6d}"
+        for place in ("out_of_place", "in_place"):
+            while True:
+                cost = world.call("collective", collective=collective, ranks=ranks, size_bytes=nbytes, socket_ifname=ifname)
+                if cost["time_s"] is not None:
+                    break
+                print(f"{ranks[0]}:{os.getpid()}:{os.getpid()} [0] NCCL WARN waiting: {cost['stalled']}", file=sys.stderr,
+                      flush=True)
+                world.call("wait_change", timeout_s=1.0)  # NCCL waits on a peer that does not answer
+            time.sleep(cost["time_s"] * (args.warmup_iters + args.iters) * args.agg_iters)
+            seconds = cost["time_s"] * max(0.2, 1 + rng.gauss(0.0, NOISE))
+            algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
+            busbw = algbw * bus_factor(collective, n)
+            wrong = (count if cost.get("corrupt") else 0) if args.check else None
+            wrong_total += wrong or 0
+            line += f"  {_time_text(seconds * 1e6)}  {algbw:6.2f}  {busbw:6.2f}  " + (f"{wrong:6d}" if wrong is not None else "   N/A")
+            row[place] = {"time": seconds * 1e6, "alg_bw": algbw, "bus_bw": busbw, "nwrong": wrong,
+                          "side_comp_bw": None, "estimated_time": None}
+            busbws.append(busbw)
+        print(line, flush=True)
+        results.append(row)
+    average = sum(busbws) / len(busbws) if busbws else 0.0
+    print(f"# Out of bounds values : {wrong_total} {'FAILED' if wrong_total else 'OK'}")
+    print(f"# Avg bus bandwidth    : {average:g} ")
+    print("#")
+    print(f"# Collective test concluded: {program}")
+    print("#", flush=True)
+    if args.output_file:
+        document = {"args": [program, *argv], "nccl_version": 22807,
+                    "config": {"nthreads": args.nthreads, "ngpus": args.ngpus, "minimum_bytes": args.minbytes,
+                               "maximum_bytes": args.maxbytes, "step_factor": args.stepfactor,
+                               "warmup_iters": args.warmup_iters, "iterations": args.iters,
+                               "aggregated_iterations": args.agg_iters, "validation": 1 if args.check else 0,
+                               "graph": args.cudagraph, "blocking_collectives": bool(args.blocking),
+                               "parallel_init": bool(args.parallel_init),
+                               "devices": [{"rank": r, "group": 0, "pid": os.getpid(), "hostname": h,
+                                            "device": 0, "device_hex": "0x17",
+                                            "device_info": (gpus.get(h) or [{"name": ""}])[0]["name"]}
+                                           for r, h in enumerate(ranks)]},
+                    "results": results, "out_of_bounds": {"count": wrong_total, "okay": wrong_total == 0},
+                    "average_bus_bandwidith": {"bandwidith": average, "okay": "unchecked"}, "errors": []}
+        Path(args.output_file).write_text(json.dumps(document), encoding="utf-8")
+    return 1 if wrong_total else 0
+
+
+def install(folder: Path, world_address: str) -> Path:
+    """Put one executable per program in ``folder``, each running this module against the world
+    at ``world_address``: what an emulated host has where a real one has its build/ folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for program in PROGRAMS:
+        script = folder / program
+        script.write_text(f"#!/bin/sh\nexec {sys.executable} -m instruments.emulators.nccl_tests "
+                          f"--world {world_address} --program {program} \"$@\"\n", encoding="utf-8")
+        script.chmod(0o755)
+    return folder
+
+
+if __name__ == "__main__":
+    sys.exit(main())

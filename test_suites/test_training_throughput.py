@@ -1,0 +1,78 @@
+"""Training throughput, observed: the step rate of the running job before a GPU fails, after
+the optical fabric swaps a spare in, and on the electrical rack with the same ranks, each from
+the instants at which the agent sees successive steps (never the rate the job prints about
+itself). Judged: the optical-over-electrical ratio against the published speed-up, and the rate
+the swap gives back; recorded: the steps the recovery cost."""
+
+from __future__ import annotations
+
+import allure
+import pytest
+
+from harness.bandwidth import observe_step_rate
+from harness.measurements import Spec
+from harness.published import about
+from harness.recovery import recover_once
+
+pytestmark = allure.feature("training throughput")
+
+INTERVALS = 3  # step intervals timed per rate
+
+
+@pytest.fixture(scope="module")
+def rates(bench, bench_file):
+    if bench_file.job is None:
+        pytest.skip("the bench file has no job section")
+    ranks = list(bench_file.job.ranks)
+    bench.stop_job()
+    bench.restore_baseline()
+    bench.start_job(ranks)
+    out = {"before": observe_step_rate(bench, ranks, INTERVALS)}
+    injector, fault, fault_ns, result = recover_once(bench, ranks)
+    try:
+        assert result.status == "recovered", f"{fault.describe()}: {result.status}: {result.reason}"
+        after = result.plan.ranks_after
+        out["after"] = observe_step_rate(bench, after, INTERVALS)
+        first = min(t for step, t in bench.hosts[after[0]].job_steps(0) if step == 1)
+        out["downtime_s"] = (first - fault_ns) / 1e9
+        if bench_file.electrical is not None:
+            bench.stop_job()
+            bench.start_job(after, "electrical")
+            out["electrical"] = observe_step_rate(bench, after, INTERVALS)
+    finally:
+        bench.stop_job()
+        injector.repair(fault)
+        bench.restore_baseline()
+    out["fault"] = fault
+    return out
+
+
+@allure.title("step rate before, after the optical swap, and on the electrical rack")
+def test_step_rates(rates, measure):
+    for name in ("before", "after", "electrical"):
+        if name in rates:
+            rate = rates[name]
+            measure(Spec(f"step_time_{name}", "s", description="median interval between steps the agent saw"),
+                    rate.step_time_s, ranks=rate.ranks, intervals_s=rate.intervals_s)
+            measure(Spec(f"samples_per_s_{name}", "samples/s", description="batch x ranks / step time"),
+                    rate.samples_per_s)
+    # The steps the job could have taken while it was down: what the recovery cost in progress.
+    measure(Spec("steps_lost_to_recovery", "steps", description="fault to first step after the swap, in steps "
+                 "at the rate before the failure"), rates["downtime_s"] / rates["before"].step_time_s,
+            fault=rates["fault"].describe())
+
+
+@allure.title("the optical swap gives the step rate back")
+def test_step_rate_after_recovery_matches_before(rates, bench_file, measure):
+    measure(Spec("throughput_after_over_before", "ratio", description="samples/s after the swap / before").at_least(
+        0.9, "LUMION: training continues at full speed on the spare (lab requirement: within 10%)").with_marginal(
+        bench_file.limits.marginal_fraction), rates["after"].samples_per_s / rates["before"].samples_per_s)
+
+
+@allure.title("training throughput, optical over electrical, after the swap")
+def test_throughput_ratio_optical_over_electrical(rates, bench_file, measure):
+    if "electrical" not in rates:
+        pytest.skip("the bench file describes no electrical rack to compare with")
+    measure(about("throughput_optical_over_electrical", "morphlux.epoch_speedup", bench_file.published,
+                  bench_file.limits.about_tolerance.value, bench_file.limits.marginal_fraction),
+            rates["after"].samples_per_s / rates["electrical"].samples_per_s)
