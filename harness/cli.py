@@ -29,6 +29,9 @@ _bench_option = click.option(
 _scale_option = click.option(
     "--time-scale", type=click.FloatRange(min=0, min_open=True), default=None,
     help="Multiply every emulated latency by this factor (0.1 runs ten times faster).")
+_defect_option = click.option(
+    "--defect", "defects", multiple=True, metavar="NAME[=VALUE]",
+    help="A defect of the emulated bench or the controller (repeatable); `lumion-hil defects` lists them.")
 
 
 class _Cli(click.Group):
@@ -69,6 +72,7 @@ def main() -> None:
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @_bench_option
 @_scale_option
+@_defect_option
 @click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
               show_default=True, help="Folder for Allure results, run records and the HTML report.")
 @click.option("--report/--no-report", default=True, show_default=True,
@@ -77,8 +81,8 @@ def main() -> None:
               help="After Ctrl-C or SIGTERM, how long to wait for the suites to restore the bench and "
                    "stop [default: twice deadlines.opc_s plus 30 s].")
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
-def run(bench_path: Path, time_scale: float | None, results: Path, report: bool, stop_within: float | None,
-        pytest_args: tuple[str, ...]) -> None:
+def run(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], results: Path, report: bool,
+        stop_within: float | None, pytest_args: tuple[str, ...]) -> None:
     """Run the suites against a bench. Extra arguments go to pytest (e.g. -k recovery -x).
 
     Writes Allure results to RESULTS/allure-results and a run record (one JSON object a line,
@@ -96,7 +100,7 @@ def run(bench_path: Path, time_scale: float | None, results: Path, report: bool,
       2  interrupted                6  bench busy (another run holds it)
       3  the harness crashed
     """
-    bench = _load_or_exit(bench_path, time_scale)
+    bench = _load_or_exit(bench_path, time_scale, defects)
     suites = _suites_dir()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     record = results / "records" / f"run-{stamp}.jsonl"
@@ -107,6 +111,8 @@ def run(bench_path: Path, time_scale: float | None, results: Path, report: bool,
            "--clean-alluredir", "--run-record", str(record), "-p", "no:cacheprovider", "--rootdir", str(suites)]
     if time_scale is not None:
         cmd += ["--time-scale", str(time_scale)]
+    for defect in defects:
+        cmd += ["--defect", defect]
     cmd += list(pytest_args)
     click.echo(f"lumion-hil: bench {bench.name!r} ({bench_path})")
     grace = stop_within if stop_within is not None else 2 * bench.deadlines.opc_s + 30
@@ -191,13 +197,24 @@ def _suites_dir() -> Path:
 @click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
               show_default=True, help="Folder given to `lumion-hil run --results`.")
 def report_cmd(results: Path) -> None:
-    """Build the Allure HTML report (RESULTS/allure-report) with history from earlier runs."""
+    """Summarize the newest run (RESULTS/summary.md and summary.json: each published number's
+    measured value, ratio and verdict, and what regressed since the previous run) and build the
+    Allure HTML report (RESULTS/allure-report) with history from earlier runs."""
     sys.exit(_build_report(results))
 
 
 def _build_report(results: Path, required: bool = True) -> int:
-    """Build the HTML report. Without the Allure CLI installed, ``lumion-hil run`` only warns
-    (the suites' verdict stands); ``lumion-hil report`` fails."""
+    """Write the summary, then build the HTML report. Without the Allure CLI installed,
+    ``lumion-hil run`` only warns (the suites' verdict stands); ``lumion-hil report`` fails."""
+    from harness.summary import write_summary
+
+    summary = write_summary(results)
+    if summary is not None:
+        regressions = summary["regressions"]
+        click.echo(f"lumion-hil: summary {results / 'summary.md'}: {len(regressions)} regression(s) since "
+                   f"{summary['previous_record'] or 'no earlier run'}")
+        for r in regressions[:10]:
+            click.echo(f"lumion-hil:   regressed: {r['key']}: {r['value']} {r['unit']} (was {r['previous']}): {r['why']}")
     allure_results = results / "allure-results"
     if not allure_results.is_dir() or not any(allure_results.iterdir()):
         click.echo(f"lumion-hil: no Allure results in {allure_results}; run the suites first", err=True)
@@ -226,10 +243,11 @@ def _build_report(results: Path, required: bool = True) -> int:
 @main.command()
 @_bench_option
 @_scale_option
+@_defect_option
 @click.option("--bench-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write a bench file pointing at what is served: runs against it treat the "
                    "emulated bench like a real one that outlives them.")
-def emulate(bench_path: Path, time_scale: float | None, bench_out: Path | None) -> None:
+def emulate(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], bench_out: Path | None) -> None:
     """Serve the emulated instruments (and hosts) of a bench in the foreground.
 
     Prints each instrument's VISA resource string, so any VISA tool or script can talk to it
@@ -238,7 +256,7 @@ def emulate(bench_path: Path, time_scale: float | None, bench_out: Path | None) 
 
     from instruments.emulators.bench import EmulatedBench, served_bench
 
-    bench = _load_or_exit(bench_path, time_scale)
+    bench = _load_or_exit(bench_path, time_scale, defects)
     if not bench.any_emulated:
         raise click.ClickException(f"bench {bench.name!r} has no emulated instrument (resource: emulated)")
     stop = threading.Event()
@@ -264,6 +282,19 @@ def emulate(bench_path: Path, time_scale: float | None, bench_out: Path | None) 
         except KeyboardInterrupt:
             pass
     click.echo("lumion-hil: stopped", err=True)
+
+
+@main.command("defects")
+def defects_cmd() -> None:
+    """List the defects an emulated bench (or the controller) can be given, to see which verdict
+    each turns red: lumion-hil run --defect NAME[=VALUE]."""
+    from harness.defects import CATALOGUE
+
+    width = max(len(n) for n in CATALOGUE)
+    for defect in CATALOGUE.values():
+        default = f" (default {defect.default})" if defect.default else ""
+        kind = "device" if defect.device else "controller"
+        click.echo(f"{defect.name:{width}s}  {kind:10s}  {defect.description}{default}")
 
 
 # --- bench ----------------------------------------------------------------------------------------
@@ -354,9 +385,9 @@ def nccl_parse(file) -> None:
     click.echo(json.dumps({"runs": [run.to_dict() for run in runs]}, indent=1))
 
 
-def _load_or_exit(path: Path, time_scale: float | None):
+def _load_or_exit(path: Path, time_scale: float | None, defects: tuple[str, ...] = ()):
     try:
-        return load_bench(path, time_scale=time_scale)
+        return load_bench(path, time_scale=time_scale, defects=defects)
     except BenchFileError as exc:
         click.echo(str(exc), err=True)
         sys.exit(ExitCode.BENCH_OR_USAGE_ERROR)

@@ -63,6 +63,12 @@ class SwitchEmulation(_Model):
     monitor_floor_dbm: float = -50.0
     monitor_noise_db: NonNegativeFloat = 0.02
     command_latency_s: NonNegativeFloat = 0.0002
+    port_loss_db: dict[int, NonNegativeFloat] = Field(default={}, description="extra loss at some ports (a dirty "
+                                                      "or damaged connector), port -> dB")
+    crosstalk_db: float | None = Field(None, description="light of every lit ingress leaking into each dark egress, "
+                                       "this many dB down (None: none)")
+    reported_ports: tuple[PositiveInt, PositiveInt] | None = Field(None, description="the size the switch reports, "
+                                                                   "if not its real one")
 
 
 class MeterEmulation(_Model):
@@ -163,10 +169,12 @@ class HostEmulation(_Model):
 
     lock_time_s: NonNegativeFloat = Field(0.005, description="light at the receiver to CDR lock")
     link_up_time_s: NonNegativeFloat = Field(0.1, description="lock to carrier up as the OS reports it")
-    agent_latency_s: NonNegativeFloat = 0.0
+    agent_latency_s: NonNegativeFloat = Field(0.0, description="how late the host tells its agent of a link change "
+                                              "or a line of the job's output (0: at once)")
     link_rate_factor: float = Field(1.0, gt=0, le=1, description="the fraction of its rate each optical link "
                                     "of this host really carries (1: all of it)")
     silent_data_corruption: bool = Field(False, description="its GPU returns wrong results without an error")
+    link_flaps: NonNegativeInt = Field(0, description="times a link comes up and drops again before it stays up")
 
 
 class Host(_Model):
@@ -227,6 +235,10 @@ class Limits(_Model):
     marginal_fraction: float = Field(
         0.1, ge=0, lt=1, description="a pass within this fraction of the limit is reported marginal"
     )
+    link_up_after_light_s: Sourced = Sourced(value=0.5, source="lab requirement (assumption): a NIC has carrier "
+                                             "within 0.5 s of light at its receiver")
+    controller_overhead_s: Sourced = Sourced(value=0.25, source="harness requirement: the controller adds at most "
+                                             "0.25 s to a recovery beyond the physics it waits on")
     about_tolerance: Sourced = Sourced(value=0.25, source="assumption: a published 'about' figure (rounded, some "
                                        "from secondary summaries) is met within +-25%")
 
@@ -311,6 +323,7 @@ class NcclTests(_Model):
 class RecoverySettings(_Model):
     controller: str = Field("harness.controller:ReferenceController",
                             description="module:factory of the recovery controller under test")
+    controller_options: dict[str, Any] = Field(default={}, description="keyword arguments for the factory")
     migration: MigrationBaseline = MigrationBaseline()
     fault_seed: int = 1
 
@@ -318,6 +331,8 @@ class RecoverySettings(_Model):
 class EmulatorSettings(_Model):
     time_scale: PositiveFloat = Field(1.0, description="multiplies every emulated latency")
     seed: int = 1
+    defects: list[str] = Field(default=[], description="defects of the emulated bench, NAME[=VALUE] "
+                               "(lumion-hil defects lists them): to show which verdict each turns red")
 
 
 class Bench(_Model):
@@ -343,6 +358,13 @@ class Bench(_Model):
     @property
     def switch(self) -> SwitchInstrument:
         return self.instruments[self.topology.switch]  # type: ignore[return-value]
+
+    @property
+    def time_scale(self) -> float:
+        """The scale emulated latencies run at on this bench: a served emulated bench keeps the
+        one it was served with; a real bench runs at 1."""
+        served = any(h.world_address for h in self.topology.hosts)
+        return self.emulator.time_scale if (self.any_emulated or served) else 1.0
 
     @property
     def any_emulated(self) -> bool:
@@ -487,8 +509,9 @@ def _unique(bad, path: str, values: list, what: str) -> None:
 # --- loading ----------------------------------------------------------------------------------
 
 
-def load_bench(path: str | Path, *, time_scale: float | None = None) -> Bench:
-    """Read and validate a bench file. Raises BenchFileError with every problem found."""
+def load_bench(path: str | Path, *, time_scale: float | None = None, defects: list[str] | tuple = ()) -> Bench:
+    """Read and validate a bench file, with its defects (the file's ``emulator.defects`` and
+    ``defects``) applied. Raises BenchFileError with every problem found."""
     path = Path(path)
     shown = str(path)
     try:
@@ -497,10 +520,11 @@ def load_bench(path: str | Path, *, time_scale: float | None = None) -> Bench:
         raise BenchFileError(shown, [BenchProblem("", "file not found")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise BenchFileError(shown, [BenchProblem("", f"cannot read: {exc}")]) from None
-    return parse_bench(text, shown, time_scale=time_scale)
+    return parse_bench(text, shown, time_scale=time_scale, defects=defects)
 
 
-def parse_bench(text: str, file: str = "<bench>", *, time_scale: float | None = None) -> Bench:
+def parse_bench(text: str, file: str = "<bench>", *, time_scale: float | None = None,
+                defects: list[str] | tuple = ()) -> Bench:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -532,6 +556,14 @@ def parse_bench(text: str, file: str = "<bench>", *, time_scale: float | None = 
     cross = bench.problems()
     if cross:
         raise BenchFileError(file, [BenchProblem(p.path, p.reason, _line_of(root, p.path)) for p in cross])
+    wanted = list(bench.emulator.defects) + [d for d in defects if d not in bench.emulator.defects]
+    if wanted:
+        from harness.defects import DefectError, apply_defects
+
+        try:
+            bench = apply_defects(bench, wanted)
+        except DefectError as exc:
+            raise BenchFileError(file, [BenchProblem("emulator.defects", str(exc), _line_of(root, "emulator"))]) from None
     return bench
 
 

@@ -105,7 +105,7 @@ def load_controller(session, ranks: list[str]) -> RecoveryController:
         factory = getattr(importlib.import_module(module_name), factory_name)
     except (ImportError, AttributeError) as exc:
         raise RecoveryError(f"recovery.controller {spec!r}: cannot load it: {exc}") from None
-    controller = factory(session, ranks)
+    controller = factory(session, ranks, **session.bench.recovery.controller_options)
     if not isinstance(controller, RecoveryController):
         raise RecoveryError(f"recovery.controller {spec!r} did not return a RecoveryController")
     return controller
@@ -238,8 +238,7 @@ class ReferenceController(RecoveryController):
                     plan.diagnosis += f" (the first guess failed: {first})"
                     self._apply(result, plan, give_up, record=False)
             with self._phase(result, "restart"):
-                self.session.stop_job()
-                self.session.start_job(plan.ranks_after)
+                self._restart(plan.ranks_after)
                 result.restarted_ns = self.timeline.clock()
             with self._phase(result, "first_step") as marks:
                 lead = self.session.hosts[plan.ranks_after[0]]
@@ -260,6 +259,11 @@ class ReferenceController(RecoveryController):
         finally:
             self.disarm()
         return result
+
+    def _restart(self, ranks: list[str]) -> None:
+        """The job, stopped everywhere, started again on the new rank map."""
+        self.session.stop_job()
+        self.session.start_job(ranks)
 
     def _apply(self, result: RecoveryResult, plan: Plan, give_up: float, record: bool = True) -> None:
         """Rewire, then check light and carrier on the new paths."""

@@ -1,10 +1,19 @@
 """Measurement declarations built from a bench's limits: one place says what each suite judges
-against and where the number came from."""
+against and where the number came from. On an emulated bench run at a time scale other than 1,
+every time limit is scaled the same way as the emulated latencies, and its source says so."""
 
 from __future__ import annotations
 
 from harness.config import Bench
 from harness.measurements import Spec
+
+
+def scaled(bench: Bench, seconds: float, source: str) -> tuple[float, str]:
+    """A time limit on this bench: scaled with its emulated latencies (and saying so)."""
+    scale = bench.time_scale
+    if scale == 1.0:
+        return seconds, source
+    return seconds * scale, f"{source}; x time scale {scale:g} (emulated latencies scaled alike)"
 
 
 def received_power(bench: Bench) -> Spec:
@@ -28,13 +37,27 @@ def dark_after_disconnect(bench: Bench) -> Spec:
 
 def switch_completion(bench: Bench, connections: int) -> Spec:
     per, overhead = bench.limits.switch_time_per_connection_s, bench.limits.switch_command_overhead_s
+    high, source = scaled(bench, connections * per.value + overhead.value,
+                          f"{connections} x {per.value:g} s ({per.source}) + {overhead.value:g} s ({overhead.source})")
     return Spec("switch_completion_time", "s", description=f"command to *OPC? for {connections} connection(s)").at_most(
-        connections * per.value + overhead.value,
-        f"{connections} x {per.value:g} s ({per.source}) + {overhead.value:g} s ({overhead.source})",
-    ).with_marginal(bench.limits.marginal_fraction)
+        high, source).with_marginal(bench.limits.marginal_fraction)
 
 
 def light_arrival(bench: Bench) -> Spec:
     completion = switch_completion(bench, 1)
     return Spec("light_arrival_time", "s", description="switch command to the receiver's sensitivity at the detector",
                 high=completion.high, source=completion.source, marginal_fraction=bench.limits.marginal_fraction)
+
+
+def link_bringup(bench: Bench) -> Spec:
+    limit = bench.limits.link_up_after_light_s
+    high, source = scaled(bench, limit.value, limit.source)
+    return Spec("light_to_carrier_time", "s", description="light at the receiver to carrier up: transceiver lock "
+                "and NIC bring-up").at_most(high, source).with_marginal(bench.limits.marginal_fraction)
+
+
+def controller_overhead(bench: Bench) -> Spec:
+    """The controller's own time in a recovery: not scaled (the controller runs at real time)."""
+    limit = bench.limits.controller_overhead_s
+    return Spec("controller_overhead_total", "s", description="recovery time beyond the physics it waited on").at_most(
+        limit.value, limit.source).with_marginal(bench.limits.marginal_fraction)

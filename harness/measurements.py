@@ -28,6 +28,22 @@ class Spec:
     source: str = ""
     marginal_fraction: float = 0.1
     description: str = ""
+    published_key: str = ""  # the published number this is judged against (harness/published.yaml)
+    published_value: float | None = None
+    category: str = ""  # what a failure means; see ``cause``
+
+    def cause(self) -> str:
+        """What a failure of this measurement means, for reports: a timing regression, a
+        bandwidth regression, ... (its declared category, else from its unit and name)."""
+        if self.category:
+            return self.category
+        if self.unit == "s":
+            return "timing regression"
+        if self.unit == "GB/s" or any(w in self.name for w in ("busbw", "throughput", "bandwidth")):
+            return "bandwidth regression"
+        if self.unit in ("dBm", "dB"):
+            return "optical power"
+        return "out of limits"
 
     def at_most(self, high: float, source: str) -> "Spec":
         return replace(self, high=high, source=source)
@@ -104,5 +120,8 @@ class Measurement:
             "high": self.spec.high,
             "source": self.spec.source,
             "verdict": self.verdict.value,
+            "cause": self.spec.cause(),
+            **({"published": self.spec.published_key, "published_value": self.spec.published_value}
+               if self.spec.published_key else {}),
             **({"attrs": self.attrs} if self.attrs else {}),
         }

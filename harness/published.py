@@ -64,7 +64,7 @@ def upper_limit(name: str, key: str, overrides: dict | None = None, marginal_fra
     p = published(key, overrides)
     high, note = _scaled(p, time_scale)
     return Spec(name, p.unit, high=high, source=f"{p.quantity}: {p.value:g} {p.unit}, {p.cite()}{note}",
-                marginal_fraction=marginal_fraction)
+                marginal_fraction=marginal_fraction, published_key=key, published_value=high)
 
 
 def about(name: str, key: str, overrides: dict | None, tolerance: float, marginal_fraction: float = 0.1) -> Spec:
@@ -72,4 +72,5 @@ def about(name: str, key: str, overrides: dict | None, tolerance: float, margina
     p = published(key, overrides)
     return Spec(name, p.unit, low=p.value * (1 - tolerance), high=p.value * (1 + tolerance),
                 source=f"{p.quantity}: about {p.value:g} {p.unit} (+-{tolerance:.0%}), {p.cite()}",
-                marginal_fraction=marginal_fraction)
+                marginal_fraction=marginal_fraction, published_key=key, published_value=p.value,
+                category="bandwidth regression" if p.unit == "ratio" else "")

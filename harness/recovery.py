@@ -12,10 +12,27 @@ from harness.controller import PHASES, RecoveryResult
 
 
 class LightProbe:
-    """Samples the power at some detectors in the background while a recovery runs."""
+    """Samples the power at some detectors in the background while a recovery runs, through
+    instrument sessions of its own: it never queues behind the controller's commands (on a paced
+    real switch that would delay what is being timed). An instrument that will not open a
+    second session is left out, and said so in ``skipped``."""
 
     def __init__(self, session, detectors, interval_s: float = 0.002):
-        self.session, self.detectors, self.interval_s = session, list(detectors), interval_s
+        from harness.binding import open_driver
+
+        self.session, self.interval_s = session, interval_s
+        self.drivers: dict[str, object] = {}
+        self.skipped: dict[str, str] = {}
+        for det in detectors:
+            if det.instrument in self.drivers or det.instrument in self.skipped:
+                continue
+            spec = session.bench.instruments[det.instrument]
+            try:
+                self.drivers[det.instrument] = open_driver(f"{det.instrument}-probe", spec,
+                                                           session.resources[det.instrument])
+            except Exception as exc:  # the probe never stops a recovery
+                self.skipped[det.instrument] = f"cannot open a second session: {exc}"
+        self.detectors = [d for d in detectors if d.instrument in self.drivers]
         self.samples: dict[str, list[tuple[int, float | None]]] = {d.name: [] for d in self.detectors}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="light-probe")
@@ -29,15 +46,28 @@ class LightProbe:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        for driver in self.drivers.values():
+            try:
+                driver.close()
+            except Exception:
+                pass
+
+    def _read(self, det) -> float | None:
+        driver = self.drivers[det.instrument]
+        if det.channel is None:  # a switch's own monitor
+            value = driver.port_power_dbm([det.port])[det.port]
+        else:
+            value = driver.read_dbm(det.channel)
+        return value + det.tap_loss_db if isinstance(value, float) else None
 
     def _run(self) -> None:
         while not self._stop.is_set():
             for det in self.detectors:
                 try:
-                    value = self.session.detector_dbm(det)
+                    value = self._read(det)
                 except Exception:  # the probe never disturbs a recovery
                     value = None
-                self.samples[det.name].append((time.perf_counter_ns(), value if isinstance(value, float) else None))
+                self.samples[det.name].append((time.perf_counter_ns(), value))
             self._stop.wait(self.interval_s)
 
 

@@ -50,6 +50,11 @@ class GuardedSwitch(OpticalSwitch):
         self._refuse_protected(f"connect {items}", [p for pair in items for p in pair])
         current = self.connections().items()
         keep = [pair for pair in current if set(pair) & self.protected_ports]
+        blocked = [(pair, kept) for pair in items if pair not in keep for kept in keep if set(pair) & set(kept)]
+        if blocked:
+            listed = "; ".join(f"{want} needs a port of {kept}" for want, kept in blocked)
+            raise SafetyError(f"{self.name}: cannot make {items}: a circuit on a protected port stands in the way "
+                              f"({listed}). Protected ports are never switched: clear it by hand")
         OpticalSwitch.replace_all(self, items + keep)
 
     def restore_baseline(self) -> None:

@@ -103,7 +103,7 @@ def test_no_wrong_results(story, measure):
         wrong = story[name].result.total_wrong
         if wrong is None:
             pytest.skip(f"nccl-tests ran without checking (-c 0): #wrong is N/A ({name})")
-        measure(Spec(f"nccl_wrong_elements_{name}", "elements", description="nccl-tests #wrong over the sweep")
+        measure(Spec(f"nccl_wrong_elements_{name}", "elements", category="wrong results", description="nccl-tests #wrong over the sweep")
                 .at_most(0, "nccl-tests: any wrong element is a failure").with_marginal(0.0), wrong)
 
 

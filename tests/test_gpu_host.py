@@ -57,7 +57,8 @@ def test_cut_circuit_takes_carrier_down_at_the_worlds_instant(session):
     state = agent.wait_link("p1", up=False, timeout_s=5)
     assert state["carrier"] == 0 and state["operstate"] == "lowerlayerdown" and not state["timed_out"]
     cut = session.world.events_of("loss", "20")[-1].t_ns
-    assert abs(state["since_ns"] - cut) <= state["uncertainty_ns"]
+    # The agent saw it when the host told it, as netlink would: within milliseconds of the cut.
+    assert -state["uncertainty_ns"] <= state["t_ns"] - cut < 20_000_000 + state["uncertainty_ns"]
     counters = agent.links()[1]
     assert counters["carrier_down_count"] >= 1
 
@@ -73,8 +74,9 @@ def test_clock_mapping_places_offset_host_events_within_the_uncertainty():
             emulated.world.connect(bench.safety.baseline)
             up = agent.wait_link("p1", up=True, timeout_s=5)
             truth = emulated.world.link_state("host1", "p1")[1]  # the world's instant, harness clock
-            assert up["host_since_ns"] - truth == offset  # the host reported it on its own clock
-            assert abs(up["since_ns"] - truth) <= up["uncertainty_ns"]  # mapped back onto ours
+            seen_on_host = up["host_t_ns"] - offset  # the host stamped it on its own clock...
+            assert 0 <= seen_on_host - truth < 20_000_000
+            assert -up["uncertainty_ns"] <= up["t_ns"] - truth < 20_000_000 + up["uncertainty_ns"]  # ...mapped onto ours
         finally:
             agent.close()
 

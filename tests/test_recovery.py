@@ -263,7 +263,6 @@ def test_recovery_suite_passes_for_every_fault_on_a_served_bench(tmp_path, bench
                               "--run-record", str(record), "-q"], capture_output=True, text=True, env=env,
                              cwd=tmp_path, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:]
-    assert f"{len(CATALOGUE)} passed" in run.stdout, run.stdout[-2000:]
     tests = [json.loads(line) for line in record.read_text().splitlines() if '"type": "test"' in line]
     outcomes = {t["test"].split("[")[-1].rstrip("]"): t["outcome"] for t in tests if "test_recovery_time[" in t["test"]}
     assert outcomes == {kind: "passed" for kind in CATALOGUE}

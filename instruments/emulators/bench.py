@@ -101,8 +101,9 @@ class EmulatedBench:
 def agent_argv(world_address: str, host, *extra: str) -> list[str]:
     """The agent of an emulated host served by the world at ``world_address``."""
     interfaces = ",".join(f"{n.interface or n.name}={n.name}" for n in host.nics)
+    latency = ["--notify-latency-s", str(host.emulation.agent_latency_s)] if host.emulation.agent_latency_s else []
     return [sys.executable, "-m", "instruments.gpu_host.agent", "--world", world_address,
-            "--host", host.name, "--interfaces", interfaces, *extra]
+            "--host", host.name, "--interfaces", interfaces, *latency, *extra]
 
 
 def nccl_tests_folder(world_address: str) -> Path:

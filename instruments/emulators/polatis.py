@@ -41,7 +41,7 @@ class PolatisEmulator(ScpiDevice):
         self.spec = spec
         self.world = world
         self._rng = random.Random(seed)
-        n_in, n_out = spec.ports
+        n_in, n_out = spec.emulation.reported_ports or spec.ports
         self.identity = f"Polatis,N-VST-{n_in}x{n_out}-HU1-EMU,EMU{seed:05d},6.5.2.18"
         self.command("*IDN?", lambda a: self.identity)
         self.command("*RST", self._reset)

@@ -124,6 +124,8 @@ class World:
         self.egress_ports = switch.egress_ports
         self.switching_time_ns = self.scaled_ns(switch.emulation.switching_time_s)
         self.insertion_loss_db = switch.emulation.insertion_loss_db
+        self.port_loss_db = dict(switch.emulation.port_loss_db)  # a damaged connector: always there
+        self.crosstalk_db = switch.emulation.crosstalk_db
         self.connector_loss_db = bench.topology.connector_loss_db
         self.protected_ports = frozenset(bench.safety.protected_ports)
         self.sources: dict[int, _Source] = {}
@@ -305,7 +307,7 @@ class World:
 
     def _extra(self, port: int, t: int) -> float:
         hist = self._extra_loss.get(port)
-        return hist.at(t) if hist else 0.0
+        return (hist.at(t) if hist else 0.0) + self.port_loss_db.get(port, 0.0)
 
     # -- light ----------------------------------------------------------------------------------
 
@@ -321,13 +323,26 @@ class World:
             if port not in self.egress_ports or self.port_state(port, t) != "E":
                 return None
             circuit = next((c for c in self.circuits if c.egress == port and c.lit_at(t)), None)
-            if circuit is None or self.port_state(circuit.ingress, t) != "E":
+            if circuit is None:
+                return self._crosstalk_dbm(port, t)
+            if self.port_state(circuit.ingress, t) != "E":
                 return None
             arriving = self._ingress_power(circuit.ingress, t)
             if arriving is None:
                 return None
             power = arriving - self.insertion_loss_db - self.connector_loss_db - self._extra(port, t)
             return None if math.isinf(power) else power
+
+    def _crosstalk_dbm(self, egress: int, t: int) -> float | None:
+        """A dark egress port's leak from every lit path, ``crosstalk_db`` down (a defect)."""
+        if self.crosstalk_db is None:
+            return None
+        leaking = [self._ingress_power(c.ingress, t) for c in self.circuits if c.lit_at(t)]
+        total_mw = sum(10 ** (p / 10) for p in leaking if p is not None)
+        if total_mw <= 0:
+            return None
+        power = 10 * math.log10(total_mw) + self.crosstalk_db - self.insertion_loss_db - self._extra(egress, t)
+        return None if math.isinf(power) else power
 
     def _ingress_power(self, port: int, t: int) -> float | None:
         source = self.sources.get(port)
@@ -440,36 +455,55 @@ class World:
         power = self.received_dbm(rx_port, t)
         return power is not None and power >= self.sensitivity_dbm
 
+    def _receiving_since(self, rx_port: int, t: int) -> tuple[bool, int]:
+        """Whether the receiver has light at t, and since when."""
+        instants = self._instants(t)
+        receiving = self._receiving(rx_port, t)
+        since = instants[0]
+        for inst in reversed(instants):
+            if self._receiving(rx_port, inst) != receiving:
+                break
+            since = inst
+        return receiving, since
+
+    def _bringup(self, emu) -> tuple[int, int, int, int]:
+        """(lock, up, hold, flaps) in ns: a flapping link comes up for ``hold`` (as long as a lock
+        and bring-up: assumption), drops, and relocks, ``flaps`` times before it stays up."""
+        lock_ns, up_ns = self.scaled_ns(emu.lock_time_s), self.scaled_ns(emu.link_up_time_s)
+        return lock_ns, up_ns, lock_ns + up_ns, emu.link_flaps
+
+    def _schedule(self, since: int, emu) -> list[tuple[int, str]]:
+        """The (instant, state) a link goes through once light arrives at ``since``."""
+        lock_ns, up_ns, hold_ns, flaps = self._bringup(emu)
+        out, start = [], since
+        for _ in range(flaps):
+            out += [(start, "light"), (start + lock_ns, "locked"), (start + lock_ns + up_ns, "up")]
+            start += lock_ns + up_ns + hold_ns
+        return out + [(start, "light"), (start + lock_ns, "locked"), (start + lock_ns + up_ns, "up")]
+
     def link_state(self, host: str, nic: str, t_ns: int | None = None) -> tuple[str, int]:
         """(state, since_ns): the NIC's link state at t and when that state began."""
         t = self.now_ns() if t_ns is None else t_ns
         spec, emu = self._nic(host, nic)
         with self.lock:
-            instants = self._instants(t)
-            receiving = self._receiving(spec.rx_port, t)
-            since = instants[0]
-            for inst in reversed(instants):
-                if self._receiving(spec.rx_port, inst) != receiving:
-                    break
-                since = inst
+            receiving, since = self._receiving_since(spec.rx_port, t)
             if not receiving:
                 return "dark", since
-            lock_ns, up_ns = self.scaled_ns(emu.lock_time_s), self.scaled_ns(emu.link_up_time_s)
-            if t < since + lock_ns:
-                return "light", since
-            if t < since + lock_ns + up_ns:
-                return "locked", since + lock_ns
-            return "up", since + lock_ns + up_ns
+            current = ("light", since)
+            for instant, state in self._schedule(since, emu):
+                if instant > t:
+                    break
+                current = (state, instant)
+            return current[0], current[1]
 
     def link_transitions(self, host: str, nic: str, t_ns: int | None = None) -> list[tuple[int, str]]:
         """Every (instant, state) the link went through, up to t."""
         t = self.now_ns() if t_ns is None else t_ns
         spec, emu = self._nic(host, nic)
-        lock_ns, up_ns = self.scaled_ns(emu.lock_time_s), self.scaled_ns(emu.link_up_time_s)
         with self.lock:
             candidates = set(self._instants(t))
             for inst in list(candidates):
-                candidates.update(x for x in (inst + lock_ns, inst + lock_ns + up_ns) if x <= t)
+                candidates.update(x for x, _ in self._schedule(inst, emu) if x <= t)
             out: list[tuple[int, str]] = []
             for inst in sorted(candidates):
                 state, since = self.link_state(host, nic, inst)
@@ -484,15 +518,15 @@ class World:
         return {"carrier_up_count": ups, "carrier_down_count": downs, "carrier_changes": ups + downs}
 
     def next_link_change_ns(self, host: str, nic: str, t_ns: int | None = None) -> int | None:
-        """The next instant the link state may change on its own (lock, up, or a settling beam)."""
+        """The next instant the link state may change on its own (lock, up, a flap, or a
+        settling beam)."""
         t = self.now_ns() if t_ns is None else t_ns
-        state, since = self.link_state(host, nic, t)
-        _, emu = self._nic(host, nic)
-        candidates = [x for c in self.circuits for x in (c.lit_ns,) if x > t]
-        if state == "light":
-            candidates.append(since + self.scaled_ns(emu.lock_time_s))
-        elif state == "locked":
-            candidates.append(since + self.scaled_ns(emu.link_up_time_s))
+        spec, emu = self._nic(host, nic)
+        with self.lock:
+            candidates = [c.lit_ns for c in self.circuits if c.lit_ns > t]
+            receiving, since = self._receiving_since(spec.rx_port, t)
+            if receiving:
+                candidates += [x for x, _ in self._schedule(since, emu) if x > t][:1]
         return min(candidates) if candidates else None
 
     # -- fabrics: what a collective costs over the light that is up now ------------------------

@@ -93,23 +93,30 @@ class WorldService:
                 world.changed.wait(remaining)
 
     def rpc_link(self, host: str, nic: str) -> dict:
-        state, since = self.world.link_state(host, nic)
-        return {"state": state, "since_ns": since, **self.world.carrier_counters(host, nic)}
+        """What the host's kernel shows in /sys/class/net/<if>/: carrier, operstate and the
+        carrier counters. No instants: the agent stamps what it sees, as on a real host."""
+        state, _ = self.world.link_state(host, nic)
+        up = state == "up"
+        return {"carrier": 1 if up else 0, "operstate": "up" if up else ("lowerlayerdown" if state == "dark" else "down"),
+                **self.world.carrier_counters(host, nic)}
 
-    def rpc_wait_link(self, host: str, nic: str, up: bool, timeout_s: float) -> dict:
+    def rpc_wait_link_event(self, host: str, nic: str, carrier: int, timeout_s: float) -> bool:
+        """What netlink's RTNLGRP_LINK gives a real host: a wake-up when the link's carrier is no
+        longer ``carrier``, as it changes (the world knows when its next change is due). True if
+        it changed, False at the timeout."""
         deadline = time.monotonic() + timeout_s
         world = self.world
         with world.lock:
             while True:
-                state, since = world.link_state(host, nic)
-                if (state == "up") == up:
-                    return {"state": state, "since_ns": since, "timed_out": False}
+                state, _ = world.link_state(host, nic)
+                if (1 if state == "up" else 0) != carrier:
+                    return True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return {"state": state, "since_ns": since, "timed_out": True}
+                    return False
                 nxt = world.next_link_change_ns(host, nic)
                 if nxt is not None:
-                    remaining = min(remaining, max(0.0, (nxt - world.now_ns()) / 1e9) + 1e-4)
+                    remaining = min(remaining, max(0.0, (nxt - world.now_ns()) / 1e9) + 5e-5)
                 world.changed.wait(remaining)
 
     def rpc_job_event(self, host: str, rank: int, what: str, step: int | None = None, t_ns: int | None = None) -> int:

@@ -149,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--interfaces", default="", help="emulated: interface=nic,... pairs")
     parser.add_argument("--sysfs", default="/sys/class/net", help="where NIC state is read (real host)")
     parser.add_argument("--log-dir", default="/tmp/lumion-hil-agent", help="job logs")
+    parser.add_argument("--notify-latency-s", type=float, default=0.0,
+                        help="emulated: how late the kernel tells the agent of a link change (a defect)")
     parser.add_argument("--clock-offset-ns", type=int, default=0,
                         help="add this to every clock reading (tests of the harness's clock mapping)")
     args = parser.parse_args(argv)
@@ -165,8 +167,10 @@ def main(argv: list[str] | None = None) -> None:
 
         world = WorldClient(args.world)
         interfaces = dict(pair.split("=", 1) for pair in args.interfaces.split(",") if pair)
-        agent = Agent(NvmlGpus(FakeNvml(world, args.host), clock_ns), WorldLinks(world, args.host, interfaces, clock_ns, offset),
-                      JobControl(args.log_dir, clock_ns, offset), clock_ns, "emulated")
+        agent = Agent(NvmlGpus(FakeNvml(world, args.host), clock_ns),
+                      WorldLinks(world, args.host, interfaces, clock_ns, args.notify_latency_s),
+                      JobControl(args.log_dir, clock_ns, offset, read_latency_s=args.notify_latency_s), clock_ns,
+                      "emulated")
     else:
         agent = Agent(NvmlGpus(clock_ns=clock_ns), SysfsLinks(args.sysfs, clock_ns),
                       JobControl(args.log_dir, clock_ns, offset), clock_ns, "nvml")

@@ -161,7 +161,13 @@ class AgentClient(GpuHost):
         return self.call("job_stop", timeout_s + self.timeout_s, timeout_s=timeout_s)
 
     def job_status(self) -> dict:
-        return self.call("job_status")
+        """The job as its agent sees it; instants (started_ns, exit_ns, progress) on the harness clock."""
+        status = self._mapped(self.call("job_status"), "started_ns", "exit_ns")
+        progress = status.get("progress", {})
+        for key in ("t_ns", "claimed_ns"):
+            if progress.get(key) is not None:
+                progress[key] = self.clock.to_harness(progress[key])
+        return status
 
     def wait_step(self, step: int, timeout_s: float) -> dict:
         status = self.call("job_wait_step", timeout_s + self.timeout_s, step=step, timeout_s=timeout_s)

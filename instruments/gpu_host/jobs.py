@@ -57,8 +57,9 @@ def fill_template(template: list[str], fields: dict) -> list[str]:
 
 
 class JobControl:
-    def __init__(self, log_dir: str, clock_ns=time.monotonic_ns, offset_ns: int = 0):
+    def __init__(self, log_dir: str, clock_ns=time.monotonic_ns, offset_ns: int = 0, read_latency_s: float = 0.0):
         self.log_dir = Path(log_dir)
+        self.read_latency_s = read_latency_s  # emulated: how late the job's lines reach the agent (a defect)
         self.clock_ns = clock_ns
         self.offset_ns = offset_ns  # what the agent adds to CLOCK_MONOTONIC (tests of clock mapping)
         self._proc: subprocess.Popen | None = None
@@ -92,6 +93,8 @@ class JobControl:
     def _follow(self, proc: subprocess.Popen, log_path: Path) -> None:
         with open(log_path, "a", encoding="utf-8") as log:
             for raw in proc.stdout:
+                if self.read_latency_s:
+                    time.sleep(self.read_latency_s)
                 seen_ns = self.clock_ns()  # when the agent saw the line: the harness's measurement
                 line = raw.decode("utf-8", "replace").rstrip("\n")
                 log.write(line + "\n")

@@ -1,0 +1,310 @@
+"""Named defects of the emulated bench, and controllers with named bugs: each exists to show
+that a verdict turns red when the device or the controller is wrong (tests/test_defects.py runs
+each one against the suite it should break; the README has the table).
+
+A defect is ``NAME`` or ``NAME=VALUE``, from the bench file (``emulator.defects``), from
+``lumion-hil run --defect`` or ``lumion-hil emulate --defect``. Device defects change what the
+emulators do (never a limit); controller defects swap in a controller with that bug.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from harness.controller import Detection, Plan, RecoveryResult, ReferenceController
+from harness.errors import HarnessError
+
+
+class DefectError(HarnessError):
+    pass
+
+
+@dataclass(frozen=True)
+class Defect:
+    name: str
+    description: str
+    default: str | None  # the value when none is given
+    apply: Callable[[dict, str | None], None]  # edits the bench's data in place
+    device: bool = True  # False: a controller's bug (any bench); True: needs the part emulated
+
+
+def _switch(data: dict) -> dict:
+    return data["instruments"][data["topology"]["switch"]]
+
+
+def _emulation(node: dict) -> dict:
+    return node.setdefault("emulation", {})
+
+
+def _hosts(data: dict, which: str | None) -> list[dict]:
+    hosts = data["topology"]["hosts"]
+    if not which:
+        return hosts
+    chosen = [h for h in hosts if h["name"] == which]
+    if not chosen:
+        raise DefectError(f"no host named {which!r}")
+    return chosen
+
+
+def _split(value: str | None, default: str) -> tuple[str, str | None]:
+    """``8@20`` -> ("8", "20"); ``8`` -> ("8", None)."""
+    text = value if value is not None else default
+    number, _, where = text.partition("@")
+    return number, where or None
+
+
+def _number(text: str, what: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise DefectError(f"{what} must be a number, not {text!r}") from None
+
+
+def _slow_switch(data, value):
+    factor = _number(value, "slow_switch's factor")
+    emulation = _emulation(_switch(data))
+    emulation["switching_time_s"] = emulation.get("switching_time_s", 0.05) * factor
+
+
+def _lossy_connector(data, value):
+    db, port = _split(value, "8")
+    if port is None:  # the first baseline circuit's receiving side
+        baseline = data.get("safety", {}).get("baseline") or []
+        if not baseline:
+            raise DefectError("lossy_connector needs a port (DB@PORT): the bench has no baseline circuit")
+        port = baseline[0][1]
+    _emulation(_switch(data)).setdefault("port_loss_db", {})[int(port)] = _number(db, "lossy_connector's dB")
+
+
+def _crosstalk(data, value):
+    _emulation(_switch(data))["crosstalk_db"] = _number(value, "crosstalk's dB")
+
+
+def _wrong_switch_size(data, value):
+    n_in, n_out = _switch(data)["ports"]
+    extra = int(_number(value, "wrong_switch_size's extra ports"))
+    _emulation(_switch(data))["reported_ports"] = [n_in + extra, n_out + extra]
+
+
+def _slow_nic_lock(data, value):
+    seconds, host = _split(value, "0.5")
+    for h in _hosts(data, host):
+        _emulation(h)["lock_time_s"] = _number(seconds, "slow_nic_lock's seconds")
+
+
+def _flapping_nic(data, value):
+    flaps, host = _split(value, "3")
+    for h in _hosts(data, host):
+        _emulation(h)["link_flaps"] = int(_number(flaps, "flapping_nic's flaps"))
+
+
+def _slow_link(data, value):
+    fraction, host = _split(value, "0.5")
+    for h in _hosts(data, host):
+        _emulation(h)["link_rate_factor"] = _number(fraction, "slow_link's fraction")
+
+
+def _slow_agent(data, value):
+    seconds, host = _split(value, "0.02")
+    for h in _hosts(data, host):
+        _emulation(h)["agent_latency_s"] = _number(seconds, "slow_agent's seconds")
+
+
+def _silent_data_corruption(data, value):
+    host = value or (data.get("job") or {}).get("ranks", [data["topology"]["hosts"][0]["name"]])[0]
+    for h in _hosts(data, host):
+        _emulation(h)["silent_data_corruption"] = True
+
+
+def _controller(factory: str, **fixed):
+    def apply(data, value):
+        recovery = data.setdefault("recovery", {})
+        recovery["controller"] = f"harness.defects:{factory}"
+        options = dict(fixed)
+        if value is not None:
+            ms, phase = _split(value, "")
+            options["delay_ms"] = _number(ms, "the delay in ms")
+            if phase:
+                options["phase"] = phase
+        recovery["controller_options"] = options
+
+    return apply
+
+
+CATALOGUE: dict[str, Defect] = {d.name: d for d in (
+    Defect("slow_switch", "the switch takes N times longer per connection", "10", _slow_switch),
+    Defect("lossy_connector", "+N dB at one port (DB@PORT; default: the first baseline circuit's egress)", "8",
+           _lossy_connector),
+    Defect("crosstalk", "every dark egress port sees the lit ingress ports' light, N dB down", "-10", _crosstalk),
+    Defect("wrong_switch_size", "the switch reports N more ports each side than the bench file says", "8",
+           _wrong_switch_size),
+    Defect("slow_nic_lock", "the NICs take S seconds to lock after light arrives (S@HOST: one host)", "0.5",
+           _slow_nic_lock),
+    Defect("flapping_nic", "links come up and drop N times before they stay up (N@HOST: one host)", "3", _flapping_nic),
+    Defect("slow_link", "optical links carry a fraction F of their rate (F@HOST: one host's)", "0.5", _slow_link),
+    Defect("slow_agent", "hosts tell their agents of link changes and job output S seconds late", "0.02", _slow_agent),
+    Defect("silent_data_corruption", "a GPU computes wrong results without an error (HOST; default: rank 0's)",
+           None, _silent_data_corruption),
+    Defect("slow_controller", "the controller spends N ms more in one phase (MS@PHASE; default plan)", "600",
+           _controller("SlowController"), device=False),
+    Defect("spare_in_use", "the controller takes a spare that is already in the job", None,
+           _controller("SpareInUseController"), device=False),
+    Defect("leaves_failed_circuits", "the controller leaves the failed GPU's circuits that no new one needs", None,
+           _controller("LeavesFailedCircuitsController"), device=False),
+    Defect("never_degraded", "the controller never says degraded (it calls it a failure)", None,
+           _controller("NeverDegradedController"), device=False),
+    Defect("early_first_step", "the controller reports the first step N ms before its hosts saw it", "200",
+           _controller("EarlyFirstStepController"), device=False),
+    Defect("unguarded_protected_port", "the controller switches through the raw driver, so the protected-port "
+           "guard does not see it, and takes a spare behind a protected port", None,
+           _controller("UnguardedController"), device=False),
+)}
+
+
+def parse(spec: str) -> tuple[Defect, str | None]:
+    name, eq, value = spec.partition("=")
+    defect = CATALOGUE.get(name.strip())
+    if defect is None:
+        import difflib
+
+        close = difflib.get_close_matches(name.strip(), CATALOGUE, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise DefectError(f"unknown defect {name.strip()!r}{hint}; known: {', '.join(CATALOGUE)}")
+    return defect, (value.strip() if eq else defect.default)
+
+
+def apply_defects(bench, specs: list[str]):
+    """The bench with these defects: validated again, so a defect can never make it invalid."""
+    from harness.config import Bench
+
+    data = bench.model_dump(mode="json")
+    for spec in specs:
+        defect, value = parse(spec)
+        if defect.device and not bench.any_emulated and not any(h.world_address for h in bench.topology.hosts):
+            raise DefectError(f"{defect.name}: a device defect needs an emulated bench; bench {bench.name!r} is real")
+        try:
+            defect.apply(data, value)
+        except (KeyError, IndexError, TypeError) as exc:
+            raise DefectError(f"{spec}: cannot apply it to bench {bench.name!r}: {exc}") from None
+    data["emulator"]["defects"] = list(specs)
+    try:
+        return Bench.model_validate(data)
+    except Exception as exc:
+        raise DefectError(f"{', '.join(specs)}: makes an invalid bench: {exc}") from None
+
+
+# --- controllers with bugs ----------------------------------------------------------------------
+
+
+class SlowController(ReferenceController):
+    """Spends ``delay_ms`` more in one phase (a slow planner, a slow switch driver...)."""
+
+    def __init__(self, session, ranks, delay_ms: float = 600.0, phase: str = "plan"):
+        super().__init__(session, ranks)
+        self.delay_s, self.slow_phase = delay_ms / 1e3, phase
+
+    def plan(self, detection: Detection) -> Plan:
+        if self.slow_phase == "plan":
+            time.sleep(self.delay_s)  # the bug: a slow phase
+        return super().plan(detection)
+
+    def _apply(self, result, plan, give_up, record=True):
+        if self.slow_phase in ("switch", "light", "link"):
+            time.sleep(self.delay_s)
+        return super()._apply(result, plan, give_up, record)
+
+    def _restart(self, ranks):
+        if self.slow_phase == "restart":
+            time.sleep(self.delay_s)
+        return super()._restart(ranks)
+
+
+class SpareInUseController(ReferenceController):
+    """Takes the first host with a spare GPU, even one the job already runs on."""
+
+    def _pick_spare(self, ranks):
+        for host in self.bench.topology.hosts:
+            if host.name in ranks and any(g.role == "spare" for g in host.gpus):
+                return host.name
+        others = [h for h in ranks if not self._host_lost(h)]
+        return others[-1] if others else None  # the bug: a host already in the ring
+
+
+class LeavesFailedCircuitsController(ReferenceController):
+    """Wires the spare to free ports of the failed GPU's neighbours where it can, and leaves the
+    failed GPU's circuits where they are (light into a dead host, ports lost to the fabric)."""
+
+    def _rewire(self, failed, spare):
+        live = self.session.switch.connections()
+        used = {p for pair in live.items() for p in pair}
+        f_nics, s_nics = self.bench.host(failed).nics, self.bench.host(spare).nics
+        mine = {p for n in f_nics for p in (n.tx_port, n.rx_port)}
+        peers: list[str] = []
+        for ingress, egress in sorted(live.items()):
+            if ingress in mine or egress in mine:
+                end = self.bench.nic_on_rx_port(egress) if ingress in mine else self.bench.nic_on_tx_port(ingress)
+                if end is not None and end[0].name not in peers:
+                    peers.append(end[0].name)
+        add = []
+        for s_nic, peer in zip(s_nics, peers):
+            free = next((n for n in self.bench.host(peer).nics if n.tx_port not in used and n.rx_port not in used), None)
+            if free is None:
+                return super()._rewire(failed, spare)  # no free port: it has to do it right
+            used |= {free.tx_port, free.rx_port}
+            add += [(s_nic.tx_port, free.rx_port), (free.tx_port, s_nic.rx_port)]
+        spare_ports = {p for n in s_nics for p in (n.tx_port, n.rx_port)}
+        return [(i, e) for i, e in sorted(live.items()) if {i, e} & spare_ports], add
+
+
+class NeverDegradedController(ReferenceController):
+    """With no spare left it reports a failure, not "degraded": the run cannot tell a fabric
+    with no spare from a broken one."""
+
+    def recover(self, fault_ns=None) -> RecoveryResult:
+        result = super().recover(fault_ns)
+        if result.status == "degraded":
+            result.status = "failed"
+        return result
+
+
+class EarlyFirstStepController(ReferenceController):
+    """Claims the first step ``delay_ms`` before it happened."""
+
+    def __init__(self, session, ranks, delay_ms: float = 200.0):
+        super().__init__(session, ranks)
+        self.early_ns = int(delay_ms * 1e6)
+
+    def recover(self, fault_ns=None) -> RecoveryResult:
+        result = super().recover(fault_ns)
+        if result.first_step_ns is not None:
+            result.first_step_ns -= self.early_ns
+        return result
+
+
+class UnguardedController(ReferenceController):
+    """Rewires through the raw switch driver, around the guard, and so does not refuse a spare
+    behind a protected port."""
+
+    def _replacement(self, ranks, failed, spare, why):
+        remove, add = self._rewire(failed, spare)
+        after = [spare if h == failed else h for h in ranks]
+        return Plan(failed, spare, ranks, after, remove, add, diagnosis=f"{failed} replaced by {spare} (unguarded)")
+
+    def _apply(self, result, plan, give_up, record=True):
+        raw = self.session.drivers[self.bench.topology.switch]  # the bug: not the guarded switch
+        guarded = self.session.switch
+        self.session.switch = _Unguarded(raw, guarded)
+        try:
+            return super()._apply(result, plan, give_up, record)
+        finally:
+            self.session.switch = guarded
+
+
+class _Unguarded:
+    def __init__(self, raw, guarded):
+        self._raw, self._guarded = raw, guarded
+
+    def __getattr__(self, name):
+        return getattr(self._raw if name in ("connect", "disconnect") else self._guarded, name)

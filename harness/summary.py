@@ -1,0 +1,225 @@
+"""The morning summary: what a run measured against the published numbers, and what got worse
+since the previous run.
+
+Written by ``lumion-hil report`` (and ``lumion-hil run``) next to the HTML report, as Markdown
+and JSON, from the newest run record; each run's values are appended to
+``summary-history.jsonl`` so the next summary can compare. A measurement has regressed when it
+moved the bad way (up for an upper limit, down for a lower one, away from the middle of a
+range) by more than its run-to-run noise: three standard deviations over the last runs where
+there are three or more, and never less than ``NOISE_FLOOR`` of its value. A verdict that went
+from pass to fail is a regression whatever the size. The summary also goes into the Allure
+results as a result of its own, so the report shows it, under its category, with its history.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from harness.records import read_record
+
+NOISE_FLOOR = 0.10  # assumption: emulated and bench timings move this much night to night
+HISTORY_RUNS = 5  # runs the noise is estimated from
+
+
+@dataclass
+class Row:
+    key: str
+    name: str
+    test: str
+    value: float | None
+    unit: str
+    low: float | None
+    high: float | None
+    verdict: str
+    cause: str
+    published: str | None = None
+    published_value: float | None = None
+    ratio: float | None = None  # value / published value
+    previous: float | None = None
+    previous_verdict: str | None = None
+    change: float | None = None  # relative, signed; positive: larger than before
+    noise: float | None = None  # the absolute change that counts as noise
+    regression: bool = False
+    why: str = ""
+
+
+def _key(m: dict) -> str:
+    test = m["test"].split("::")[-1]
+    attrs = {k: v for k, v in (m.get("attrs") or {}).items()
+             if k in ("detector", "port", "interface", "host", "connections") and isinstance(v, (str, int))}
+    extra = ",".join(f"{k}={v}" for k, v in sorted(attrs.items()))
+    return f"{test}:{m['name']}" + (f"{{{extra}}}" if extra else "")
+
+
+def _worse_by(row: Row, previous: float) -> float:
+    """How much worse the value is than ``previous`` (negative: better)."""
+    if row.value is None:
+        return float("inf")
+    if row.high is not None and row.low is None:
+        return row.value - previous
+    if row.low is not None and row.high is None:
+        return previous - row.value
+    if row.low is not None and row.high is not None:
+        middle = (row.low + row.high) / 2
+        return abs(row.value - middle) - abs(previous - middle)
+    return 0.0
+
+
+def summarize(record: Path, history: list[dict]) -> dict:
+    """The summary of one run record, compared with the runs in ``history`` (oldest first)."""
+    lines = list(read_record(record))
+    head = next((line for line in lines if line.get("type") == "run"), {})
+    end = next((line for line in reversed(lines) if line.get("type") == "end"), None)
+    before = [h for h in history if h.get("record") != str(record)][-HISTORY_RUNS:]
+    rows: dict[str, Row] = {}
+    for m in lines:
+        if m.get("type") != "measurement" or (m.get("low") is None and m.get("high") is None):
+            continue
+        row = Row(_key(m), m["name"], m["test"], m.get("value"), m["unit"], m.get("low"), m.get("high"),
+                  m["verdict"], m.get("cause", ""), m.get("published"), m.get("published_value"))
+        if row.published_value and row.value is not None:
+            row.ratio = row.value / row.published_value
+        past = [h["values"][row.key] for h in before if h.get("values", {}).get(row.key) is not None]
+        past_verdicts = [h.get("verdicts", {}).get(row.key) for h in before if h.get("verdicts", {}).get(row.key)]
+        if past:
+            row.previous = past[-1]
+            row.previous_verdict = past_verdicts[-1] if past_verdicts else None
+            scale = max(abs(row.previous), abs(row.value or 0.0), 1e-12)
+            sigma = statistics.stdev(past) if len(past) >= 3 else 0.0
+            row.noise = max(3 * sigma, NOISE_FLOOR * scale)
+            if row.value is not None and row.previous:
+                row.change = (row.value - row.previous) / abs(row.previous)
+            worse = _worse_by(row, row.previous)
+            if worse > row.noise:
+                row.regression = True
+                row.why = (f"worse by {worse:.4g} {row.unit} (noise {row.noise:.4g} {row.unit}"
+                           f"{', 3 sigma of the last runs' if len(past) >= 3 else f', {NOISE_FLOOR:.0%} of the value'})")
+        if row.previous_verdict == "pass" and row.verdict == "fail":
+            row.regression = True
+            row.why = (row.why + "; " if row.why else "") + "was passing, now fails"
+        rows[row.key] = row
+    ordered = list(rows.values())
+    return {
+        "record": str(record),
+        "bench": head.get("bench"),
+        "time_scale": head.get("time_scale"),
+        "defects": head.get("defects") or [],
+        "started": head.get("started"),
+        "outcome": end["outcome"] if end else "crashed (no closing line)",
+        "counts": end.get("counts") if end else None,
+        "previous_record": before[-1]["record"] if before else None,
+        "rows": [asdict(r) for r in ordered],
+        "regressions": [asdict(r) for r in ordered if r.regression],
+        "failed": [asdict(r) for r in ordered if r.verdict == "fail"],
+    }
+
+
+def _fmt(value, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        text = f"{value:.4g}"
+    else:
+        text = str(value)
+    return f"{text} {unit}".strip()
+
+
+def to_markdown(summary: dict) -> str:
+    out = [f"# lumion-hil summary: {summary['bench']}", ""]
+    scale = summary["time_scale"]
+    out.append(f"Run {summary['started']} ({summary['record']}): **{summary['outcome']}**"
+               + (f", {', '.join(f'{v} {k}' for k, v in summary['counts'].items())}" if summary["counts"] else ""))
+    out.append(f"Time scale {scale:g}" if isinstance(scale, (int, float)) else "Time scale: not recorded")
+    if summary["defects"]:
+        out.append(f"Defects: {', '.join(summary['defects'])}")
+    out.append(f"Compared with: {summary['previous_record'] or 'no earlier run'}")
+    out += ["", f"## Regressions since the previous run ({len(summary['regressions'])})", ""]
+    if summary["regressions"]:
+        out += ["| measurement | now | before | change | why |", "|---|---|---|---|---|"]
+        for r in summary["regressions"]:
+            out.append(f"| {r['key']} | {_fmt(r['value'], r['unit'])} | {_fmt(r['previous'], r['unit'])} | "
+                       f"{_fmt(None if r['change'] is None else r['change'] * 100, '%')} | {r['cause']}: {r['why']} |")
+    else:
+        out.append("None beyond run-to-run noise.")
+    published = [r for r in summary["rows"] if r["published"]]
+    out += ["", f"## Published numbers ({len(published)} measurements)", "",
+            "| measurement | measured | published | ratio | verdict | change |", "|---|---|---|---|---|---|"]
+    for r in published:
+        out.append(f"| {r['key']} | {_fmt(r['value'], r['unit'])} | {_fmt(r['published_value'], r['unit'])} "
+                   f"({r['published']}) | {_fmt(r['ratio'])} | {r['verdict']} | "
+                   f"{_fmt(None if r['change'] is None else r['change'] * 100, '%')} |")
+    out += ["", f"## Failed verdicts ({len(summary['failed'])})", ""]
+    if summary["failed"]:
+        out += ["| measurement | value | limits | cause |", "|---|---|---|---|"]
+        for r in summary["failed"]:
+            limits = f"{_fmt(r['low'])} .. {_fmt(r['high'])}"
+            out.append(f"| {r['key']} | {_fmt(r['value'], r['unit'])} | {limits} {r['unit']} | {r['cause']} |")
+    else:
+        out.append("None.")
+    return "\n".join(out) + "\n"
+
+
+def newest_record(results: Path) -> Path | None:
+    records = sorted((results / "records").glob("run-*.jsonl"), key=lambda p: p.stat().st_mtime)
+    return records[-1] if records else None
+
+
+def write_summary(results: Path) -> dict | None:
+    """Summarize the newest run under ``results``: summary.md and summary.json beside the report,
+    the run's values appended to summary-history.jsonl, and an Allure result carrying the
+    summary (when there are Allure results). None when there is no run record."""
+    record = newest_record(results)
+    if record is None:
+        return None
+    history_path = results / "summary-history.jsonl"
+    history = []
+    if history_path.exists():
+        for line in history_path.read_text(encoding="utf-8").splitlines():
+            try:
+                history.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    summary = summarize(record, history)
+    (results / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    markdown = to_markdown(summary)
+    (results / "summary.md").write_text(markdown, encoding="utf-8")
+    if not any(h.get("record") == str(record) for h in history):
+        entry = {"record": str(record), "time": summary["started"],
+                 "values": {r["key"]: r["value"] for r in summary["rows"]},
+                 "verdicts": {r["key"]: r["verdict"] for r in summary["rows"]}}
+        with history_path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry) + "\n")
+    allure_results = results / "allure-results"
+    if allure_results.is_dir():
+        _allure_result(allure_results, summary, markdown)
+    return summary
+
+
+def _allure_result(folder: Path, summary: dict, markdown: str) -> None:
+    """The summary as an Allure result of its own (the Allure 2 results format, which Allure 3
+    reads): failed when something regressed, with the summary attached."""
+    attachment = f"{uuid.uuid4()}-attachment.md"
+    (folder / attachment).write_text(markdown, encoding="utf-8")
+    data = f"{uuid.uuid4()}-attachment.json"
+    (folder / data).write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    regressions = summary["regressions"]
+    now = int(time.time() * 1000)
+    result = {
+        "uuid": str(uuid.uuid4()), "historyId": "lumion-hil-regression-summary", "testCaseId": "lumion-hil-summary",
+        "name": "regression summary", "fullName": "lumion-hil regression summary",
+        "status": "failed" if regressions else "passed",
+        "statusDetails": {"message": (f"{len(regressions)} regression(s) since the previous run: "
+                                      + "; ".join(f"{r['key']} {r['why']}" for r in regressions[:10]))
+                          if regressions else "no regression beyond run-to-run noise"},
+        "stage": "finished", "start": now, "stop": now,
+        "labels": [{"name": "feature", "value": "regression summary"}, {"name": "suite", "value": "summary"}]
+        + ([{"name": "cause", "value": "regression summary"}] if regressions else []),
+        "attachments": [{"name": "summary.md", "source": attachment, "type": "text/markdown"},
+                        {"name": "summary.json", "source": data, "type": "application/json"}],
+    }
+    (folder / f"{result['uuid']}-result.json").write_text(json.dumps(result), encoding="utf-8")
