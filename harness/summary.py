@@ -95,7 +95,9 @@ def summarize(record: Path, history: list[dict]) -> dict:
             if row.value is not None and row.previous:
                 row.change = (row.value - row.previous) / abs(row.previous)
             worse = _worse_by(row, row.previous)
-            if worse > row.noise:
+            if row.value is None:
+                row.regression, row.why = True, "no valid reading now"
+            elif worse > row.noise:
                 row.regression = True
                 row.why = (f"worse by {worse:.4g} {row.unit} (noise {row.noise:.4g} {row.unit}"
                            f"{', 3 sigma of the last runs' if len(past) >= 3 else f', {NOISE_FLOOR:.0%} of the value'})")
