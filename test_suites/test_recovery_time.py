@@ -173,6 +173,8 @@ def test_degraded_when_no_spare_is_left(bench, bench_file, running_job, measure)
 def test_migration_baseline_against_optical_recovery(bench, bench_file, running_job, gpu_hosts, measure):
     if bench.world is None:
         pytest.skip("the migration baseline needs the emulated world (a reserved rack is not on this bench)")
+    if bench_file.electrical is None:
+        pytest.skip("the migration baseline's reserved rack runs on the electrical network; the bench describes none")
     fault, fault_ns, optical, _ = _recover(bench, bench_file, running_job, "gpu_failure")
     assert optical.status == "recovered", optical.reason
     optical_s = (optical.first_step_ns - fault_ns) / 1e9

@@ -144,8 +144,13 @@ class World:
                     host.name, gpu.index, gpu.model, f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, key)}",
                     f"00000000:{0x17 + gpu.index:02X}:00.0", role=gpu.role)
         self.gpu_events: list[GroundTruth] = []
-        self.circuits: list[Circuit] = []
+        self.circuits: list[Circuit] = []  # every circuit ever made, in order
+        # Indexes, so that the light at one port never scans the whole history:
+        self._by_egress: dict[int, list[Circuit]] = {}
+        self._by_ingress: dict[int, list[Circuit]] = {}
+        self._current: dict[int, Circuit] = {}  # ingress -> the circuit not yet removed
         self._busy_until_ns = 0
+        self._last_change_ns = 0  # the latest instant a circuit was made or removed
         self._extra_loss: dict[int, _History] = {}
         self._port_state: dict[int, _History] = {}
         self._source_on: dict[int, _History] = {}
@@ -173,7 +178,8 @@ class World:
     def live_circuits(self, t_ns: int | None = None) -> list[Circuit]:
         t = self.now_ns() if t_ns is None else t_ns
         with self.lock:
-            return sorted((c for c in self.circuits if c.live_at(t)), key=lambda c: c.ingress)
+            pool = self._current.values() if t >= self._last_change_ns else self.circuits
+            return sorted((c for c in pool if c.live_at(t)), key=lambda c: c.ingress)
 
     def connections(self, t_ns: int | None = None) -> dict[int, int]:
         return {c.ingress: c.egress for c in self.live_circuits(t_ns)}
@@ -208,7 +214,12 @@ class World:
             self.record(t, "switch.command", "connect", pairs=new)
             for k, (ingress, egress) in enumerate(new, start=1):
                 lit = start + k * self.switching_time_ns
-                self.circuits.append(Circuit(ingress, egress, t, lit))
+                circuit = Circuit(ingress, egress, t, lit)
+                self.circuits.append(circuit)
+                self._by_egress.setdefault(egress, []).append(circuit)
+                self._by_ingress.setdefault(ingress, []).append(circuit)
+                self._current[ingress] = circuit
+                self._last_change_ns = max(self._last_change_ns, t)
                 self.events.append(GroundTruth(lit, "circuit.lit", f"{ingress}->{egress}",
                                                {"ingress": ingress, "egress": egress}))
                 self._busy_until_ns = lit
@@ -234,6 +245,9 @@ class World:
                 chosen = [by_pair[p] for p in wanted]
             for c in chosen:
                 c.removed_ns = t
+                if self._current.get(c.ingress) is c:
+                    del self._current[c.ingress]
+                self._last_change_ns = max(self._last_change_ns, t)
                 was_lit = c.lit_ns <= t
                 if not was_lit:  # removed while its beam was still moving
                     self.events = [e for e in self.events
@@ -322,7 +336,7 @@ class World:
                 return self._ingress_power(port, t)
             if port not in self.egress_ports or self.port_state(port, t) != "E":
                 return None
-            circuit = next((c for c in self.circuits if c.egress == port and c.lit_at(t)), None)
+            circuit = self._lit_into(port, t)
             if circuit is None:
                 return self._crosstalk_dbm(port, t)
             if self.port_state(circuit.ingress, t) != "E":
@@ -332,6 +346,13 @@ class World:
                 return None
             power = arriving - self.insertion_loss_db - self.connector_loss_db - self._extra(port, t)
             return None if math.isinf(power) else power
+
+    def _lit_into(self, egress: int, t: int) -> Circuit | None:
+        """The circuit lighting an egress port at t (the newest first: history is long)."""
+        for c in reversed(self._by_egress.get(egress, ())):
+            if c.lit_at(t):
+                return c
+        return None
 
     def _crosstalk_dbm(self, egress: int, t: int) -> float | None:
         """A dark egress port's leak from every lit path, ``crosstalk_db`` down (a defect)."""
@@ -368,7 +389,7 @@ class World:
         with self.lock:
             if port in self.sources:
                 return self.sources[port].wavelength_nm
-            circuit = next((c for c in self.circuits if c.egress == port and c.lit_at(t)), None)
+            circuit = self._lit_into(port, t)
             return self.sources[circuit.ingress].wavelength_nm if circuit and circuit.ingress in self.sources else None
 
     def mean_power_mw(self, port: int, t0_ns: int, t1_ns: int, samples: int = 32) -> float:
@@ -388,9 +409,8 @@ class World:
         """Instants after ``since_ns`` at which the light at a port may change (known so far)."""
         with self.lock:
             out = set()
-            for c in self.circuits:
-                if port in (c.ingress, c.egress):
-                    out.update(x for x in (c.lit_ns, c.removed_ns) if x is not None and x > since_ns)
+            for c in self._by_ingress.get(port, []) + self._by_egress.get(port, []):
+                out.update(x for x in (c.lit_ns, c.removed_ns) if x is not None and x > since_ns)
             return sorted(out)
 
     # -- GPUs -----------------------------------------------------------------------------------
@@ -435,14 +455,19 @@ class World:
 
     # -- NIC links: dark -> light -> locked -> up, following the light at the receiver ----------
 
-    def _instants(self, t: int) -> list[int]:
-        """Every instant up to t at which any light may have changed."""
+    def _instants(self, rx_port: int, t: int) -> list[int]:
+        """Every instant up to t at which the light reaching ``rx_port`` may have changed: its
+        circuits coming and going, and anything at their ingress or at the port itself."""
         out = {0}
-        for c in self.circuits:
+        ports = {rx_port}
+        for c in self._by_egress.get(rx_port, ()):
             out.update(x for x in (c.commanded_ns, c.lit_ns, c.removed_ns) if x is not None and x <= t)
+            ports.add(c.ingress)
         for histories in (self._extra_loss, self._port_state, self._source_on):
-            for hist in histories.values():
-                out.update(x for x in hist._times if 0 <= x <= t)
+            for port in ports:
+                hist = histories.get(port)
+                if hist is not None:
+                    out.update(x for x in hist._times if 0 <= x <= t)
         return sorted(out)
 
     def _nic(self, host: str, nic: str):
@@ -457,7 +482,7 @@ class World:
 
     def _receiving_since(self, rx_port: int, t: int) -> tuple[bool, int]:
         """Whether the receiver has light at t, and since when."""
-        instants = self._instants(t)
+        instants = self._instants(rx_port, t)
         receiving = self._receiving(rx_port, t)
         since = instants[0]
         for inst in reversed(instants):
@@ -501,7 +526,7 @@ class World:
         t = self.now_ns() if t_ns is None else t_ns
         spec, emu = self._nic(host, nic)
         with self.lock:
-            candidates = set(self._instants(t))
+            candidates = set(self._instants(spec.rx_port, t))
             for inst in list(candidates):
                 candidates.update(x for x, _ in self._schedule(inst, emu) if x <= t)
             out: list[tuple[int, str]] = []
@@ -523,7 +548,7 @@ class World:
         t = self.now_ns() if t_ns is None else t_ns
         spec, emu = self._nic(host, nic)
         with self.lock:
-            candidates = [c.lit_ns for c in self.circuits if c.lit_ns > t]
+            candidates = [c.lit_ns for c in self._by_egress.get(spec.rx_port, ()) if c.lit_ns > t]
             receiving, since = self._receiving_since(spec.rx_port, t)
             if receiving:
                 candidates += [x for x, _ in self._schedule(since, emu) if x > t][:1]
@@ -546,7 +571,7 @@ class World:
         latency = self.bench.collectives.optical_hop_latency_us.value
         links: dict = {}
         with self.lock:
-            for c in self.circuits:
+            for c in self.live_circuits(t):
                 if not c.lit_at(t) or c.ingress not in self.sources or c.egress not in self.sinks:
                     continue
                 a, a_nic = self.sources[c.ingress].owner.split(".", 1)
