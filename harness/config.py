@@ -69,6 +69,8 @@ class SwitchEmulation(_Model):
                                        "this many dB down (None: none)")
     reported_ports: tuple[PositiveInt, PositiveInt] | None = Field(None, description="the size the switch reports, "
                                                                    "if not its real one")
+    faults: list[str] = Field(default=[], description="faults switched on from the start: stall, delay=S, drop, "
+                              "partial, garbage, errors, busy, power_loss=S (lumion-hil emulate --help)")
 
 
 class MeterEmulation(_Model):
@@ -76,6 +78,7 @@ class MeterEmulation(_Model):
     dark_floor_dbm: float = -70.0
     min_sample_interval_s: PositiveFloat = 0.0001
     command_latency_s: NonNegativeFloat = 0.0002
+    faults: list[str] = Field(default=[], description="faults switched on from the start (see the switch's)")
 
 
 class _InstrumentBase(_Model):

@@ -103,7 +103,7 @@ def test_same_case_against_the_emulator(case, serial_bench):
 
 
 def test_silent_switch_times_out_with_a_clear_error(serial_bench):
-    serial_bench.emulators["ocs"].faults.add("stall")
+    serial_bench.emulators["ocs"].faults["stall"] = None
     switch = _open(serial_bench.resources["ocs"], timeout_s=0.3)
     with pytest.raises(InstrumentError, match=r"ocs: 'X1 CH\? 1': no valid reply: timed out"):
         switch.connections()

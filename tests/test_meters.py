@@ -18,7 +18,8 @@ from instruments.protocols import InstrumentError, OutOfRange
 from instruments.thorlabs_pm100 import ThorlabsPM100
 from instruments.visa import VisaSession
 
-NO_ERROR = '0,"No error"'
+NO_ERROR = '0,"No error"'  # Thorlabs' empty error queue
+KS_NO_ERROR = '+0,"No error"'  # Keysight's
 
 
 @dataclass
@@ -37,7 +38,7 @@ THORLABS = [
     Case("identify", lambda m: m.identify(), [("*IDN?", "Thorlabs,PM100D,P0009368,2.4.0")],
          check=lambda i: i.vendor == "Thorlabs" and i.model == "PM100D", exact_replies=False),
     Case("set wavelength", lambda m: m.set_wavelength_nm(1310), [("SENS:CORR:WAV 1310", None), ("SYST:ERR?", NO_ERROR)]),
-    Case("wavelength", lambda m: m.wavelength_nm(), [("SENS:CORR:WAV?", "1550")], check=lambda r: r == 1550.0),
+    Case("wavelength", lambda m: m.wavelength_nm(), [("SENS:CORR:WAV?", "1.550000E+03")], check=lambda r: r == 1550.0),
     Case("unit dBm", lambda m: m.set_unit("dbm"), [("SENS:POW:UNIT DBM", None), ("SYST:ERR?", NO_ERROR)]),
     Case("averaging", lambda m: m.set_averaging(10), [("SENS:AVER:COUN 10", None), ("SYST:ERR?", NO_ERROR)]),
     Case("auto range", lambda m: m.set_auto_range(True), [("SENS:POW:RANG:AUTO ON", None), ("SYST:ERR?", NO_ERROR)]),
@@ -54,14 +55,14 @@ THORLABS = [
 KEYSIGHT = [
     Case("identify", lambda m: m.identify(), [("*IDN?", "Keysight Technologies,N7744A,MY12345678,1.0.0")],
          check=lambda i: i.model == "N7744A", exact_replies=False),
-    Case("set wavelength", lambda m: m.set_wavelength_nm(1310, 2), [(":SENS2:POW:WAV 1310nm", None), (":SYST:ERR?", NO_ERROR)]),
+    Case("set wavelength", lambda m: m.set_wavelength_nm(1310, 2), [(":SENS2:POW:WAV 1310nm", None), (":SYST:ERR?", KS_NO_ERROR)]),
     Case("wavelength", lambda m: m.wavelength_nm(3), [(":SENS3:POW:WAV?", "+1.55000000E-006")],
          check=lambda r: r == pytest.approx(1550.0)),
-    Case("averaging time", lambda m: m.set_averaging_time_s(0.001, 1), [(":SENS1:POW:ATIME 0.001s", None), (":SYST:ERR?", NO_ERROR)]),
+    Case("averaging time", lambda m: m.set_averaging_time_s(0.001, 1), [(":SENS1:POW:ATIME 0.001s", None), (":SYST:ERR?", KS_NO_ERROR)]),
     Case("reading", lambda m: m.read_dbm(4), [(":SENS4:POW:UNIT?", "+0"), (":READ4:CHAN1:POW?", "-7.00000000E+001")],
          check=lambda r: isinstance(r, float) and r < -60, exact_replies=False),
     Case("unit switched to dBm first", lambda m: m.read_dbm(1),
-         [(":SENS1:POW:UNIT?", "+1"), (":SENS1:POW:UNIT 0", None), (":SYST:ERR?", NO_ERROR),
+         [(":SENS1:POW:UNIT?", "+1"), (":SENS1:POW:UNIT 0", None), (":SYST:ERR?", KS_NO_ERROR),
           (":READ1:CHAN1:POW?", "-7.00000000E+001")],
          check=lambda r: isinstance(r, float), exact_replies=False,
          setup=lambda emulator: setattr(emulator.channels[1], "unit", 1)),
@@ -158,9 +159,9 @@ def test_keysight_logging_dialogue_reads_a_float32_block():
     samples = [-70.0, -70.1, -13.5, -13.6]
     payload = struct.pack("<4f", *samples)
     block = b"#2" + str(len(payload)).encode() + payload + b"\n"
-    steps = [(b":SENS2:POW:UNIT?\n", b"+0\n"), (b":TRIG2:INP IGN\n", None), (b":SYST:ERR?\n", b'0,"No error"\n'),
-             (b":SENS2:FUNC:PAR:LOGG 4,0.001s\n", None), (b":SYST:ERR?\n", b'0,"No error"\n'),
-             (b":SENS2:FUNC:STAT LOGG,STAR;*OPC?\n", b"1\n"), (b":SYST:ERR?\n", b'0,"No error"\n'),
+    steps = [(b":SENS2:POW:UNIT?\n", b"+0\n"), (b":TRIG2:INP IGN\n", None), (b":SYST:ERR?\n", b'+0,"No error"\n'),
+             (b":SENS2:FUNC:PAR:LOGG 4,0.001s\n", None), (b":SYST:ERR?\n", b'+0,"No error"\n'),
+             (b":SENS2:FUNC:STAT LOGG,STAR;*OPC?\n", b"1\n"), (b":SYST:ERR?\n", b'+0,"No error"\n'),
              (b":SENS2:FUNC:STAT?\n", b"LOGGING_STABILITY,COMPLETE\n"), (b":SENS2:FUNC:RES?\n", block)]
     with DialogueServer(steps) as server:
         meter = _keysight(server.resource)
@@ -234,7 +235,7 @@ def test_logging_trace_shows_the_transition_where_the_world_recorded_it(emulated
 
 
 def test_out_of_range_fault_fails_a_power_verdict_and_passes_a_darkness_one(emulated, meters, bench_cfg):
-    emulated.emulators["pm-lab"].faults.add("out_of_range")
+    emulated.emulators["pm-lab"].faults["out_of_range"] = None
     value = meters["pm-lab"].read_dbm(1)
     assert isinstance(value, OutOfRange) and value.direction == "over"
     assert not received_power(bench_cfg).measure(value).passed

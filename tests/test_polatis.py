@@ -145,7 +145,7 @@ def test_dead_instrument_is_a_clear_error():
 
 
 def test_garbage_from_emulator_fault_is_an_error(polatis, emulated):
-    emulated.emulators["ocs"].faults.add("garbage")
+    emulated.emulators["ocs"].faults["garbage"] = None
     with pytest.raises(InstrumentError, match="unexpected reply"):
         polatis.size()
 

@@ -38,6 +38,8 @@ class EmulatedBench:
                 self.emulators[name] = device
                 self.servers[name] = server.start()
                 self.resources[name] = server.resource
+                for fault in spec.emulation.faults:
+                    self.set_fault(name, fault)
         except BaseException:
             self.stop()
             raise
@@ -67,13 +69,33 @@ class EmulatedBench:
             from instruments.emulators.dicon import DiconEmulator
 
             device = DiconEmulator(name, spec, self.world, seed=seed)
-            return device, PtyLineServer(device.handle_line, name, eol=b"\n")
+            return device, PtyLineServer(device.handle_line, name, eol=b"\n", faults=device.faults,
+                                         power_on=device.power_on)
         raise ValueError(f"{name}: no emulator for model {spec.model!r}")
 
     @property
     def nccl_tests_path(self) -> str:
         """Where the emulated hosts' nccl-tests programs are."""
         return str(nccl_tests_folder(self.world_service.address))
+
+    def set_fault(self, instrument: str, fault: str) -> None:
+        """Switch a fault on in an emulated instrument: ``stall``, ``delay=30``, ``power_loss=2``
+        (see instruments/emulators/scpi.py FAULTS). ``power_loss`` happens once, now."""
+        from instruments.emulators.scpi import FAULTS
+
+        name, _, value = fault.partition("=")
+        if instrument not in self.emulators:
+            raise ValueError(f"no emulated instrument {instrument!r}; emulated: {', '.join(self.emulators) or 'none'}")
+        if name not in FAULTS:
+            raise ValueError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}")
+        number = float(value) if value else None
+        if name == "power_loss":
+            self.servers[instrument].power_loss(number if number is not None else 1.0)
+            return
+        self.emulators[instrument].faults[name] = number
+
+    def clear_faults(self, instrument: str) -> None:
+        self.emulators[instrument].faults.clear()
 
     def agent_argv(self, host_name: str, *extra: str) -> list[str]:
         """How to start the agent of an emulated host: the real agent program, its NVML, links

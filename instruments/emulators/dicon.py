@@ -18,17 +18,22 @@ class DiconEmulator:
         self.world = world
         self.ingress_count = spec.ports[0]
         self.identity = f"DiCon,MX-{spec.ports[0]}x{spec.ports[1]}-EMU,EMU{seed:05d},1.0"
-        self.faults: set[str] = set()
+        self.faults: dict[str, float | None] = {}  # see instruments/emulators/scpi.py FAULTS
 
     def _settle(self) -> None:
         remaining = self.world.switch_busy_until_ns() - self.world.now_ns()
         if remaining > 0:
             time.sleep(remaining / 1e9)  # busy while the mirror moves
 
+    def power_on(self) -> None:
+        """After a power loss every mirror is parked (assumption: a MEMS matrix holds no position
+        without power)."""
+        self.world.disconnect(None)
+
     def handle_line(self, line: str) -> str | None:
         text = line.strip()
-        if "stall" in self.faults:
-            return None
+        if "busy" in self.faults and not text.endswith("?"):
+            return "ERR"
         if text.upper() == "*IDN?":
             return self.identity
         m = re.fullmatch(r"X1\s+CH\?\s+(\d+)", text, re.IGNORECASE)

@@ -1,7 +1,10 @@
 """Emulated Keysight N7744A / N7745A multi-port power meter over the world, on raw SCPI/TCP.
 
-Per channel: wavelength, unit (0 dBm, 1 W), averaging time, auto range, trigger input, and
-hardware-timed logging. Logging starts when ``FUNC:STAT LOGG,STAR`` is handled; sample i
+The command tree of Keysight's N77xx programming guide: optional nodes
+(``:READ[n][:CHANnel[m]][:SCALar]:POWer[:DC]?``), MIN/MAX/DEF, units, compound messages. Per
+channel: wavelength, unit (0 dBm, 1 W), averaging time, range and auto range, auto gain,
+reference and relative readings, input loss, zero, trigger input, and hardware-timed logging.
+The error queue answers ``+0,"No error"`` when empty, as Keysight instruments do. Logging starts when ``FUNC:STAT LOGG,STAR`` is handled; sample i
 averages the light over [start + i*T, start + (i+1)*T] from the world's history, so a trace
 shows a switch's transition where the world says it happened. ``FUNC:STAT?`` answers
 ``LOGGING_STABILITY,PROGRESS`` while it runs and ``LOGGING_STABILITY,COMPLETE`` after
@@ -21,11 +24,19 @@ import time
 from instruments.emulators.photodiode import PhotodiodeChannel, taps_for
 from instruments.emulators.scpi import (
     DATA_OUT_OF_RANGE,
+    DATA_STALE,
+    HARDWARE_MISSING,
     ILLEGAL_PARAMETER,
+    MISSING_PARAMETER,
     SETTINGS_CONFLICT,
+    Number,
     ScpiDevice,
     ScpiError,
+    boolean,
+    choice,
     ieee_block,
+    keyword,
+    no_args,
     parse_number,
 )
 
@@ -46,14 +57,30 @@ class _Channel:
         self.unit = 0
         self.atime_s = 0.0001
         self.auto_range = True
+        self.auto_gain = True
+        self.range_dbm = 10.0
+        self.continuous = False
         self.trigger = "IGN"
         self.log_count = 100
         self.log_atime_s = 0.0001
         self.log_start_ns: int | None = None
         self.function = "NONE"
+        self.reference = {"TOREF": 0.0, "TOMOD": 0.0}
+        self.relative = False
+        self.loss_db = 0.0
+        self.head.wavelength_nm = 1550.0
+
+
+WAVELENGTH_M = Number(800e-9, 1700e-9, 1550e-9, "M")
+ATIME_S = Number(1e-4, 10.0, 1e-4, "S")
+RANGE_DBM = Number(-30.0, 10.0, 10.0, "DBM")
+LOSS_DB = Number(-200.0, 200.0, 0.0, "DB")
+REFERENCE_DBM = Number(-200.0, 200.0, 0.0, "DBM")
 
 
 class KeysightN77xxEmulator(ScpiDevice):
+    no_error = '+0,"No error"'  # Keysight's form; a clear-errors loop waits for exactly this
+
     def __init__(self, name: str, spec, world, bench, seed: int = 1):
         super().__init__(name, command_latency_s=world.scaled_ns(spec.emulation.command_latency_s) / 1e9)
         self.world = world
@@ -64,33 +91,74 @@ class KeysightN77xxEmulator(ScpiDevice):
                                                         dark_floor_dbm=spec.emulation.dark_floor_dbm, rng=rng))
                          for ch in range(1, spec.channels + 1)}
         self.identity = f"Keysight Technologies,N7744A,EMU{seed:05d},1.0.0"
-        self.command("*IDN?", lambda a: self.identity)
-        self.command("*OPC?", lambda a: "1")
-        self.command("*RST", self._reset)
-        self.command(":READ#:CHANnel#:POWer?", self._read)
-        self.command(":FETCh#:CHANnel#:POWer?", self._read)
-        self.command(":SENSe#:POWer:WAVelength", self._setter(self._set_wavelength))
-        self.command(":SENSe#:POWer:WAVelength?", lambda a, n: keysight_float(self._ch(n).head.wavelength_nm * 1e-9))
-        self.command(":SENSe#:POWer:UNIT", self._setter(self._set_unit))
-        self.command(":SENSe#:POWer:UNIT?", lambda a, n: str(self._ch(n).unit))
-        self.command(":SENSe#:POWer:ATIMe", self._setter(self._set_atime))
-        self.command(":SENSe#:POWer:ATIMe?", lambda a, n: keysight_float(self._ch(n).atime_s))
-        self.command(":SENSe#:POWer:RANGe:AUTO", self._setter(self._set_auto_range))
-        self.command(":TRIGger#:INPut", self._setter(self._set_trigger))
-        self.command(":TRIGger#:INPut?", lambda a, n: self._ch(n).trigger)
-        self.command(":SENSe#:FUNCtion:PARameter:LOGGing", self._setter(self._set_logging))
-        self.command(":SENSe#:FUNCtion:STATe", self._function)
-        self.command(":SENSe#:FUNCtion:STATe?", self._state)
-        self.command(":SENSe#:FUNCtion:RESult?", self._result)
+        c = self.command
+        head = "[n][:CHANnel[m]]"
+        c("*IDN?", lambda a: self.identity)
+        c("*OPC?", lambda a: "1")
+        c("*RST", self._reset)
+        c(f":READ{head}[:SCALar]:POWer[:DC]?", self._read)
+        c(f":FETCh{head}[:SCALar]:POWer[:DC]?", self._read)
+        c(f":READ{head}[:SCALar]:POWer:ALL:CSV?", self._all_csv)
+        c(f":FETCh{head}[:SCALar]:POWer:ALL:CSV?", self._all_csv)
+        c(f":READ{head}[:SCALar]:POWer:ALL?", self._all_block)
+        c(f":FETCh{head}[:SCALar]:POWer:ALL?", self._all_block)
+        c(f":INITiate{head}[:IMMediate]", lambda a, n, m: self._channel(n, m) and None)
+        c(f":INITiate{head}:CONTinuous", self._setter(lambda ch, a: setattr(ch, "continuous", boolean(a))))
+        c(f":INITiate{head}:CONTinuous?", lambda a, n, m: "1" if self._channel(n, m).continuous else "0")
+        c(f":SENSe{head}:POWer:WAVelength", self._setter(self._set_wavelength))
+        c(f":SENSe{head}:POWer:WAVelength?", lambda a, n, m: keysight_float(
+            WAVELENGTH_M.query(a, self._channel(n, m).head.wavelength_nm * 1e-9)))
+        c(f":SENSe{head}:POWer:UNIT", self._setter(self._set_unit))
+        c(f":SENSe{head}:POWer:UNIT?", lambda a, n, m: f"+{self._channel(n, m).unit}")
+        c(f":SENSe{head}:POWer:ATIMe", self._setter(self._set_atime))
+        c(f":SENSe{head}:POWer:ATIMe?", lambda a, n, m: keysight_float(ATIME_S.query(a, self._channel(n, m).atime_s)))
+        c(f":SENSe{head}:POWer:RANGe[:UPPer]", self._setter(self._set_range))
+        c(f":SENSe{head}:POWer:RANGe[:UPPer]?", lambda a, n, m: keysight_float(
+            RANGE_DBM.query(a, self._channel(n, m).range_dbm)))
+        c(f":SENSe{head}:POWer:RANGe:AUTO", self._setter(lambda ch, a: setattr(ch, "auto_range", boolean(a))))
+        c(f":SENSe{head}:POWer:RANGe:AUTO?", lambda a, n, m: "1" if self._channel(n, m).auto_range else "0")
+        c(f":SENSe{head}:POWer:GAIN:AUTO", self._setter(lambda ch, a: setattr(ch, "auto_gain", boolean(a))))
+        c(f":SENSe{head}:POWer:GAIN:AUTO?", lambda a, n, m: "1" if self._channel(n, m).auto_gain else "0")
+        c(f":SENSe{head}:POWer:REFerence", self._setter(self._set_reference))
+        c(f":SENSe{head}:POWer:REFerence?", self._reference)
+        c(f":SENSe{head}:POWer:REFerence:STATe", self._setter(lambda ch, a: setattr(ch, "relative", boolean(a))))
+        c(f":SENSe{head}:POWer:REFerence:STATe?", lambda a, n, m: "1" if self._channel(n, m).relative else "0")
+        c(f":SENSe{head}:CORRection[:LOSS][:INPut][:MAGNitude]", self._setter(
+            lambda ch, a: setattr(ch, "loss_db", LOSS_DB.parse(a))))
+        c(f":SENSe{head}:CORRection[:LOSS][:INPut][:MAGNitude]?", lambda a, n, m: keysight_float(
+            LOSS_DB.query(a, self._channel(n, m).loss_db)))
+        c(f":SENSe{head}:CORRection:COLLect:ZERO", lambda a, n, m: self._channel(n, m) and None)
+        c(f":SENSe{head}:CORRection:COLLect:ZERO?", lambda a, n, m: self._channel(n, m) and "+0")
+        c(":SENSe:CORRection:COLLect:ZERO:ALL", lambda a: None)
+        c(":SENSe:CORRection:COLLect:ZERO:ALL?", lambda a: "+0")
+        c(f":TRIGger{head}:INPut", self._setter(self._set_trigger))
+        c(f":TRIGger{head}:INPut?", lambda a, n, m: {"IGN": "IGNore", "SME": "SMEasure", "CME": "CMEasure",
+                                                      "PAS": "PASSthru"}[self._channel(n, m).trigger])
+        c(f":SENSe{head}:FUNCtion:PARameter:LOGGing", self._setter(self._set_logging))
+        c(f":SENSe{head}:FUNCtion:PARameter:LOGGing?", lambda a, n, m: (
+            f"+{self._channel(n, m).log_count},{keysight_float(self._channel(n, m).log_atime_s)}"))
+        c(f":SENSe{head}:FUNCtion:STATe", self._function)
+        c(f":SENSe{head}:FUNCtion:STATe?", self._state)
+        c(f":SENSe{head}:FUNCtion:RESult?", self._result)
+        c(f":SENSe{head}:FUNCtion:RESult:INDex?", self._result_index)
 
-    def _ch(self, n: int) -> _Channel:
-        if n not in self.channels:
-            raise ScpiError(-241, "Hardware missing")
+    def _channel(self, n: int, m: int = 1) -> _Channel:
+        if n not in self.channels or m != 1:  # on N77xx the slot number is the port; channel is 1
+            raise ScpiError(*HARDWARE_MISSING)
         return self.channels[n]
 
+    # the older call sites name a channel by its slot only
+    def _ch(self, n: int) -> _Channel:
+        return self._channel(n)
+
+    def power_on(self) -> None:
+        super().power_on()
+        for channel in getattr(self, "channels", {}).values():
+            channel.__init__(channel.head)
+
     def _setter(self, apply):
-        def handler(args: str, n: int) -> None:
-            channel = self._ch(n)
+        def handler(args: str, n: int, m: int) -> None:
+            channel = self._channel(n, m)
             if channel.log_start_ns is not None and not self._finished(channel):
                 channel.log_start_ns, channel.function = None, "NONE"  # a setting change stops logging
             apply(channel, args.strip())
@@ -98,43 +166,49 @@ class KeysightN77xxEmulator(ScpiDevice):
         return handler
 
     def _reset(self, args: str) -> None:
+        no_args(args)
         for channel in self.channels.values():
-            head = channel.head
-            channel.__init__(head)
+            channel.__init__(channel.head)
 
     def _set_wavelength(self, ch: _Channel, args: str) -> None:
-        value = parse_number(args, "M")
-        nm = value * 1e9 if value < 1e-3 else value  # "1550nm" parses to metres; a bare 1550 means nm
-        if not 800 <= nm <= 1700:
-            raise ScpiError(*DATA_OUT_OF_RANGE)
-        ch.head.wavelength_nm = nm
+        if keyword(args) is None and parse_number(args, "M") > 1e-3:  # "1550" with no unit: nm, as the guide allows
+            args = f"{parse_number(args)}NM"
+        ch.head.wavelength_nm = WAVELENGTH_M.parse(args) * 1e9
 
     def _set_unit(self, ch: _Channel, args: str) -> None:
-        if args not in ("0", "1", "DBM", "W"):
-            raise ScpiError(*ILLEGAL_PARAMETER)
-        ch.unit = 0 if args in ("0", "DBM") else 1
+        value = args.upper()
+        if value not in ("0", "1", "DBM", "W"):
+            raise ScpiError(*(MISSING_PARAMETER if not value else ILLEGAL_PARAMETER))
+        ch.unit = 0 if value in ("0", "DBM") else 1
 
     def _set_atime(self, ch: _Channel, args: str) -> None:
-        seconds = parse_number(args, "S")
-        if not self.min_interval_s <= seconds <= 10:
+        seconds = ATIME_S.parse(args)
+        if seconds < self.min_interval_s:
             raise ScpiError(*DATA_OUT_OF_RANGE)
         ch.atime_s = seconds
 
-    def _set_auto_range(self, ch: _Channel, args: str) -> None:
-        if args.upper() not in ("0", "1", "ON", "OFF"):
-            raise ScpiError(*ILLEGAL_PARAMETER)
-        ch.auto_range = args.upper() in ("1", "ON")
+    def _set_range(self, ch: _Channel, args: str) -> None:
+        ch.range_dbm = RANGE_DBM.parse(args)
+        ch.auto_range = False
+
+    def _set_reference(self, ch: _Channel, args: str) -> None:
+        parts = [p.strip() for p in args.split(",")]
+        if len(parts) != 2:
+            raise ScpiError(*MISSING_PARAMETER)
+        mode = choice(parts[0], "TOREF", "TOMOD")
+        ch.reference[mode] = REFERENCE_DBM.parse(parts[1])
+
+    def _reference(self, args: str, n: int, m: int) -> str:
+        return keysight_float(self._channel(n, m).reference[choice(args or "TOREF", "TOREF", "TOMOD")])
 
     def _set_trigger(self, ch: _Channel, args: str) -> None:
-        mode = args.upper()[:3]
-        if mode not in ("IGN", "SME", "CME"):
-            raise ScpiError(*ILLEGAL_PARAMETER)
-        ch.trigger = mode
+        ch.trigger = {"IGNORE": "IGN", "SMEASURE": "SME", "CMEASURE": "CME", "PASSTHRU": "PAS"}[
+            choice(args, "IGNore", "SMEasure", "CMEasure", "PASSthru").upper()]
 
     def _set_logging(self, ch: _Channel, args: str) -> None:
         parts = args.split(",")
         if len(parts) != 2:
-            raise ScpiError(-109, "Missing parameter")
+            raise ScpiError(*MISSING_PARAMETER)
         count, atime = int(parse_number(parts[0])), parse_number(parts[1], "S")
         if not 1 <= count <= 1_000_000 or not self.min_interval_s <= atime <= 10:
             raise ScpiError(*DATA_OUT_OF_RANGE)
@@ -143,25 +217,43 @@ class KeysightN77xxEmulator(ScpiDevice):
     def _value(self, ch: _Channel, dbm: float) -> float:
         if "out_of_range" in self.faults:
             return SENTINEL
+        dbm += ch.loss_db
+        if ch.relative:
+            return dbm - ch.reference["TOREF"]
         return dbm if ch.unit == 0 else 10 ** (dbm / 10) / 1000
 
-    def _read(self, args: str, slot: int, chan: int) -> str:
-        if chan != 1:
-            raise ScpiError(-241, "Hardware missing")
-        ch = self._ch(slot)
+    def _read(self, args: str, n: int, m: int) -> str:
+        ch = self._channel(n, m)
         window = int(ch.atime_s * 1e9)
         t0 = self.world.now_ns()
         time.sleep(window / 1e9)  # the head integrates for its averaging time before it answers
         return keysight_float(self._value(ch, ch.head.read_dbm(t0, t0 + window)))
 
-    def _function(self, args: str, n: int) -> None:
-        ch = self._ch(n)
+    def _all(self) -> list[float]:
+        t0 = self.world.now_ns()
+        window = max(int(ch.atime_s * 1e9) for ch in self.channels.values())
+        time.sleep(window / 1e9)
+        return [self._value(ch, ch.head.read_dbm(t0, t0 + window)) for ch in self.channels.values()]
+
+    def _all_csv(self, args: str, n: int, m: int) -> str:
+        return ",".join(keysight_float(v) for v in self._all())
+
+    def _all_block(self, args: str, n: int, m: int) -> bytes:
+        values = self._all()
+        return ieee_block(struct.pack(f"<{len(values)}f", *values))
+
+    def _function(self, args: str, n: int, m: int) -> None:
+        ch = self._channel(n, m)
         parts = [p.strip().upper() for p in args.split(",")]
-        if len(parts) != 2 or not parts[0].startswith("LOGG") or parts[1][:4] not in ("STAR", "STOP"):
-            raise ScpiError(*ILLEGAL_PARAMETER)
-        if parts[1].startswith("STAR"):
+        if len(parts) != 2:
+            raise ScpiError(*MISSING_PARAMETER)
+        function = choice(parts[0], "LOGGing", "STABility", "MINMax")
+        action = choice(parts[1], "STARt", "STOP")
+        if action == "STARt":
             if ch.trigger != "IGN":
                 raise ScpiError(*SETTINGS_CONFLICT)  # only free-run logging is emulated
+            if function != "LOGGing":
+                raise ScpiError(SETTINGS_CONFLICT[0], "Settings conflict; only logging is emulated")
             ch.log_start_ns, ch.function = self.world.now_ns(), "LOGGING_STABILITY"
         else:
             ch.log_start_ns, ch.function = None, "NONE"
@@ -170,16 +262,23 @@ class KeysightN77xxEmulator(ScpiDevice):
         end = ch.log_start_ns + ch.log_count * int(ch.log_atime_s * 1e9)
         return self.world.now_ns() >= end
 
-    def _state(self, args: str, n: int) -> str:
-        ch = self._ch(n)
+    def _state(self, args: str, n: int, m: int) -> str:
+        ch = self._channel(n, m)
         if ch.log_start_ns is None:
             return f"{ch.function},COMPLETE"
         return f"{ch.function},{'COMPLETE' if self._finished(ch) else 'PROGRESS'}"
 
-    def _result(self, args: str, n: int) -> bytes:
-        ch = self._ch(n)
+    def _result_index(self, args: str, n: int, m: int) -> str:
+        ch = self._channel(n, m)
+        if ch.log_start_ns is None:
+            return "+0"
+        done = (self.world.now_ns() - ch.log_start_ns) // max(1, int(ch.log_atime_s * 1e9))
+        return f"+{min(ch.log_count, done)}"
+
+    def _result(self, args: str, n: int, m: int) -> bytes:
+        ch = self._channel(n, m)
         if ch.log_start_ns is None or not self._finished(ch):
-            raise ScpiError(-230, "Data corrupt or stale")
+            raise ScpiError(*DATA_STALE)
         step = int(ch.log_atime_s * 1e9)
         start = ch.log_start_ns
         values = [self._value(ch, ch.head.read_dbm(start + i * step, start + (i + 1) * step))

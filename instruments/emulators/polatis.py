@@ -1,12 +1,17 @@
-"""Emulated HUBER+SUHNER Polatis optical circuit switch: its SCPI set over the world.
+"""Emulated HUBER+SUHNER Polatis optical circuit switch: its SCPI set over the world, as the
+shared instrument reference and third-party drivers and scripts for it use it (short and long
+forms, any case, trailing semicolons, ``;*OPC?`` on the same line, CR LF line ends).
 
-Command set from the shared instrument reference. Assumed where the reference is silent:
-- a connection whose ingress or egress is in use is refused with -221 "Settings conflict"
-  (the driver removes before it adds);
+Assumed where the reference is silent, and said so:
+- a connection whose ingress or egress is in use is refused with -221 "Settings conflict";
 - ``:oxc:swit:conn:port?`` of an unconnected port answers ``0``;
-- ``*RST`` clears the error queue and re-enables every port but keeps the cross-connects, so a
-  reset never drops light on a bench;
-- disconnection takes no switching time (the beam leaves the output as it starts to move).
+- ``*RST`` removes every connection, clears the error queue and re-enables every port (a
+  third-party driver documents "resets the instrument and disconnects all connections");
+- disconnection takes no switching time (the beam leaves the output as it starts to move);
+- ``:oxc:boot:mode`` is DARK (no connections after power comes back), RESTore or AUTosave
+  (the connections before the loss come back; the default here);
+- ``:oxc:swit:port:stat?`` without a list answers every port, ingress first;
+- ``:syst:comm:netw:*?`` answer this emulator's loopback address (unconfirmed command names).
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from instruments.emulators.scpi import (
     SETTINGS_CONFLICT,
     ScpiDevice,
     ScpiError,
+    choice,
     format_channel_list,
+    no_args,
     parse_channel_list,
     split_top_level,
 )
@@ -41,23 +48,37 @@ class PolatisEmulator(ScpiDevice):
         self.spec = spec
         self.world = world
         self._rng = random.Random(seed)
+        self.boot_mode = "AUTosave"
         n_in, n_out = spec.emulation.reported_ports or spec.ports
         self.identity = f"Polatis,N-VST-{n_in}x{n_out}-HU1-EMU,EMU{seed:05d},6.5.2.18"
-        self.command("*IDN?", lambda a: self.identity)
-        self.command("*RST", self._reset)
-        self.command("*OPC?", self._opc)
-        self.command(":OXC:SWITch:SIZE?", lambda a: f"{n_in},{n_out}")
-        self.command(":OXC:SWITch:CONNect:ADD", self._add)
-        self.command(":OXC:SWITch:CONNect:SUBtract", self._sub)
-        self.command(":OXC:SWITch:CONNect:ONLY", self._only)
-        self.command(":OXC:SWITch:DISConnect:ALL", self._disconnect_all)
-        self.command(":OXC:SWITch:CONNect:STATe?", self._state)
-        self.command(":OXC:SWITch:CONNect:PORT?", self._port)
-        self.command(":OXC:SWITch:PORT:STATe?", self._port_state)
-        self.command(":OXC:SWITch:PORT:DISable", lambda a: self._set_ports(a, "D"))
-        self.command(":OXC:SWITch:PORT:ENABle", lambda a: self._set_ports(a, "E"))
+        c = self.command
+        c("*IDN?", lambda a: self.identity)
+        c("*RST", self._reset)
+        c("*OPC?", self._opc)
+        c(":OXC:SWITch:SIZE?", lambda a: no_args(a) or f"{n_in},{n_out}")
+        c(":OXC:SWITch:CONNect:ADD", self._add)
+        c(":OXC:SWITch:CONNect:SUBtract", self._sub)
+        c(":OXC:SWITch:CONNect:ONLY", self._only)
+        c(":OXC:SWITch:DISConnect:ALL", self._disconnect_all)
+        c(":OXC:SWITch:CONNect:STATe?", self._state)
+        c(":OXC:SWITch:CONNect:PORT?", self._port)
+        c(":OXC:SWITch:PORT:STATe?", self._port_state)
+        c(":OXC:SWITch:PORT:DISable", lambda a: self._set_ports(a, "D"))
+        c(":OXC:SWITch:PORT:ENABle", lambda a: self._set_ports(a, "E"))
+        c(":OXC:BOOT:MODE", lambda a: setattr(self, "boot_mode", choice(a, "DARK", "RESTore", "AUTosave")))
+        c(":OXC:BOOT:MODE?", lambda a: {"DARK": "DARK", "RESTore": "REST", "AUTosave": "AUT"}[self.boot_mode])
+        c(":SYSTem:COMMunicate:NETWork:ADDRess?", lambda a: "127.0.0.1")
+        c(":SYSTem:COMMunicate:NETWork:MASK?", lambda a: "255.0.0.0")
+        c(":SYSTem:COMMunicate:NETWork:GATeway?", lambda a: "0.0.0.0")
+        c(":SYSTem:COMMunicate:NETWork:DHCP?", lambda a: "0")
         if spec.power_monitors:
-            self.command(":PMONitor:POWer?", self._power)
+            c(":PMONitor:POWer?", self._power)
+
+    def power_on(self) -> None:
+        """After a power loss: the error queue empty; connections as the boot mode says."""
+        super().power_on()
+        if getattr(self, "boot_mode", "AUTosave") == "DARK":
+            self.world.disconnect(None)
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -88,7 +109,9 @@ class PolatisEmulator(ScpiDevice):
     # -- commands -------------------------------------------------------------------------------
 
     def _reset(self, args: str) -> None:
+        no_args(args)
         self.clear_errors()
+        self.world.disconnect(None)
         for port in list(self.world.ingress_ports) + list(self.world.egress_ports):
             if self.world.port_state(port) != "E":
                 self.world.set_port_state(port, "E")
@@ -120,6 +143,7 @@ class PolatisEmulator(ScpiDevice):
         return f"{format_channel_list(conns.keys())},{format_channel_list(conns.values())}"
 
     def _port(self, args: str) -> str:
+        args = args.strip().strip("\"'")
         if not args.strip().isdigit():
             raise ScpiError(*MISSING_PARAMETER if not args.strip() else ILLEGAL_PARAMETER)
         port = int(args)
@@ -133,7 +157,8 @@ class PolatisEmulator(ScpiDevice):
         return "0"
 
     def _port_state(self, args: str) -> str:
-        return "(" + ",".join(self.world.port_state(p) for p in self._ports(args)) + ")"
+        ports = self._ports(args) if args.strip() else list(self.world.ingress_ports) + list(self.world.egress_ports)
+        return "(" + ",".join(self.world.port_state(p) for p in ports) + ")"
 
     def _set_ports(self, args: str, state: str) -> None:
         for port in self._ports(args):

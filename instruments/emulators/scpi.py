@@ -1,11 +1,15 @@
-"""SCPI for emulators: a command parser with a real error queue, and servers that put an
-emulated instrument on the transports real ones use (raw TCP socket, pseudo-terminal).
+"""SCPI for emulators: a command tree declared the way the vendors' programming guides write it,
+one parser for every spelling, a real error queue, faults, and servers that put an emulated
+instrument on the transports real ones use (raw TCP socket, pseudo-terminal).
 
-Headers follow SCPI: case-insensitive, each node in its short form (the capitals of the
-declared pattern) or its long form; a node declared with ``#`` takes an optional number suffix
-(``READ#`` matches ``READ``, ``read2``, ``READ10``). Several commands may share a line, joined
-by ``;``; each part is parsed from the root (instruments differ here; the lenient choice keeps
-``:oxc:swit:conn:add ...;*OPC?`` working).
+Patterns follow SCPI-99 and the guides: ``[:SENSe[n]]:CORRection:WAVelength?``. Each node
+matches its short form (the capitals) or its long form, in any case; a node in brackets may be
+left out; ``[n]`` (or ``#``) after a node takes an optional numeric suffix, 1 when absent.
+Several commands may share a line, joined by ``;``: a header without a leading colon continues
+from the previous one's branch (SCPI-99 6.2.4) and, failing that, from the root (lenient, as
+some firmware is). Arguments take MIN/MAX/DEF and units where declared (``1550NM``,
+``-10DBM``, ``100MS``). What a real instrument refuses goes on the error queue with the
+standard's number.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import socketserver
 import threading
 import time
 import tty
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 _ERROR_QUEUE_SIZE = 30
@@ -34,52 +38,122 @@ class ScpiError(Exception):
         super().__init__(f'{code},"{message}"')
 
 
-UNDEFINED_HEADER = (-113, "Undefined header")
+COMMAND_ERROR = (-100, "Command error")
+INVALID_CHARACTER = (-101, "Invalid character")
+SYNTAX_ERROR = (-102, "Syntax error")
 DATA_TYPE_ERROR = (-104, "Data type error")
-MISSING_PARAMETER = (-109, "Missing parameter")
 PARAMETER_NOT_ALLOWED = (-108, "Parameter not allowed")
+MISSING_PARAMETER = (-109, "Missing parameter")
+UNDEFINED_HEADER = (-113, "Undefined header")
+HEADER_SUFFIX_OUT_OF_RANGE = (-114, "Header suffix out of range")
+INVALID_SUFFIX = (-131, "Invalid suffix")
 ILLEGAL_PARAMETER = (-224, "Illegal parameter value")
+EXECUTION_ERROR = (-200, "Execution error")
 SETTINGS_CONFLICT = (-221, "Settings conflict")
 DATA_OUT_OF_RANGE = (-222, "Data out of range")
+DATA_STALE = (-230, "Data corrupt or stale")
+HARDWARE_MISSING = (-241, "Hardware missing")
+DEVICE_ERROR = (-300, "Device-specific error")
+QUEUE_OVERFLOW = (-350, "Queue overflow")
 
 
 @dataclass
 class _Node:
     short: str
     long: str
-    numbered: bool
+    suffix: bool = False
 
-    def match(self, token: str) -> tuple[bool, int | None]:
-        number = None
-        if self.numbered:
-            m = re.fullmatch(r"([A-Za-z*]+)(\d*)", token)
-            if not m:
-                return False, None
-            token, digits = m.group(1), m.group(2)
-            number = int(digits) if digits else 1
-        upper = token.upper()
-        return upper in (self.short, self.long), number
+    def match(self, name: str, digits: str) -> tuple[bool, int | None]:
+        if name.upper() not in (self.short, self.long):
+            return False, None
+        if digits and not self.suffix:
+            return False, None
+        return True, (int(digits) if digits else 1) if self.suffix else None
 
 
-Handler = Callable[..., "str | None"]
+@dataclass
+class _Optional:
+    items: list
+
+
+Handler = Callable[..., "str | bytes | None"]
 
 
 @dataclass
 class _Command:
-    nodes: list[_Node]
+    items: list
     query: bool
     handler: Handler
+    pattern: str
+    suffixes: int = 0
 
 
-def _compile(pattern: str) -> tuple[list[_Node], bool]:
-    query = pattern.endswith("?")
-    nodes = []
-    for part in pattern.rstrip("?").lstrip(":").split(":"):
-        numbered = part.endswith("#")
-        part = part.rstrip("#")
-        short = "".join(ch for ch in part if ch.isupper() or ch == "*" or ch.isdigit())
-        nodes.append(_Node(short or part.upper(), part.upper(), numbered))
-    return nodes, query
+def _node(word: str, suffix: bool) -> _Node:
+    short = "".join(ch for ch in word if ch.isupper() or ch in "*") or word.upper()
+    return _Node(short, word.upper(), suffix)
+
+
+def _compile(pattern: str) -> tuple[list, bool, int]:
+    """``[:SENSe[n]]:POWer[:DC]:UNIT?`` -> (items, is_query, number of suffix nodes)."""
+    text = pattern.strip()
+    query = text.endswith("?")
+    text = text.rstrip("?")
+    pos = 0
+    count = 0
+
+    def group(end: str | None) -> list:
+        nonlocal pos, count
+        items: list = []
+        while pos < len(text):
+            ch = text[pos]
+            if end and ch == end:
+                pos += 1
+                return items
+            if ch == "[":
+                pos += 1
+                items.append(_Optional(group("]")))
+                continue
+            if ch == ":":
+                pos += 1
+                continue
+            m = re.compile(r"([A-Za-z*][A-Za-z0-9_*]*?)(\[n\]|\[m\]|<n>|<m>|#)?(?=[:\[\]]|$)").match(text, pos)
+            if not m:
+                raise ValueError(f"bad SCPI pattern {pattern!r} at {pos}")
+            word, marker = m.group(1), m.group(2)
+            items.append(_node(word, bool(marker)))
+            count += bool(marker)
+            pos = m.end()
+        if end:
+            raise ValueError(f"bad SCPI pattern {pattern!r}: unclosed [")
+        return items
+
+    items = group(None)
+    return items, query, count
+
+
+def _match(items: list, tokens: list[tuple[str, str]], suffixes: list) -> list | None:
+    """Suffix values for every suffix node (skipped ones: 1) if the tokens match, else None."""
+    if not items:
+        return suffixes if not tokens else None
+    head, rest = items[0], items[1:]
+    if isinstance(head, _Optional):
+        taken = _match(head.items + rest, tokens, suffixes)
+        if taken is not None:
+            return taken
+        return _match(rest, tokens, suffixes + [1] * _suffix_nodes(head.items))
+    if not tokens:
+        return None
+    ok, number = head.match(*tokens[0])
+    if not ok:
+        return None
+    return _match(rest, tokens[1:], suffixes + ([number] if head.suffix else []))
+
+
+def _suffix_nodes(items: list) -> int:
+    return sum(_suffix_nodes(i.items) if isinstance(i, _Optional) else int(i.suffix) for i in items)
+
+
+_TOKEN = re.compile(r"([A-Za-z*]+)(\d*)")
 
 
 def split_top_level(text: str, sep: str) -> list[str]:
@@ -128,33 +202,127 @@ def ieee_block(payload: bytes) -> bytes:
     return f"#{len(length)}{length}".encode("ascii") + payload
 
 
-def parse_number(text: str, unit: str = "") -> float:
-    """A numeric argument with an optional unit suffix: ``1550nm``, ``100 MS``, ``1e-4s``."""
-    import re as _re
+_MULTIPLIERS = {"": 1.0, "EX": 1e18, "PE": 1e15, "T": 1e12, "G": 1e9, "MA": 1e6, "K": 1e3, "M": 1e-3, "U": 1e-6,
+                "N": 1e-9, "P": 1e-12, "F": 1e-15, "A": 1e-18}
+_KEYWORDS = {"MIN": "MIN", "MINIMUM": "MIN", "MAX": "MAX", "MAXIMUM": "MAX", "DEF": "DEF", "DEFAULT": "DEF"}
 
-    m = _re.fullmatch(r"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*", text)
+
+def parse_number(text: str, unit: str = "", *, units: dict[str, float] | None = None) -> float:
+    """A numeric argument with an optional SCPI multiplier and unit: ``1550nm``, ``100 MS``,
+    ``1e-4s``, ``-10DBM``. ``unit`` is the base unit (``M`` metres, ``S`` seconds, ``W``);
+    ``units`` maps other whole suffixes to factors (``{"NM": 1}`` for a value kept in nm)."""
+    m = re.fullmatch(r"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*", text)
     if not m:
         raise ScpiError(*DATA_TYPE_ERROR)
     value, suffix = float(m.group(1)), m.group(2).upper()
-    scale = {"": 1.0, "M": 1e-3, "U": 1e-6, "N": 1e-9, "P": 1e-12}  # SCPI: M is milli
+    if not suffix:
+        return value
+    if units and suffix in units:
+        return value * units[suffix]
     if unit and suffix.endswith(unit.upper()):
-        suffix = suffix[: -len(unit)]
-    if suffix not in scale:
-        raise ScpiError(-131, "Invalid suffix")
-    return value * scale[suffix]
+        prefix = suffix[: -len(unit)]
+        if prefix in _MULTIPLIERS:
+            return value * _MULTIPLIERS[prefix]
+    raise ScpiError(*INVALID_SUFFIX)
+
+
+def keyword(text: str) -> str | None:
+    """MIN, MAX or DEF (any spelling SCPI allows), or None."""
+    return _KEYWORDS.get(text.strip().upper())
+
+
+@dataclass
+class Number:
+    """A numeric setting the way SCPI declares one: its range, default, unit and the reply
+    format; MIN/MAX/DEF work on the setting and on its query."""
+
+    minimum: float
+    maximum: float
+    default: float
+    unit: str = ""
+    units: dict[str, float] = field(default_factory=dict)
+    integer: bool = False
+
+    def parse(self, args: str) -> float:
+        if not args.strip():
+            raise ScpiError(*MISSING_PARAMETER)
+        word = keyword(args)
+        if word:
+            return {"MIN": self.minimum, "MAX": self.maximum, "DEF": self.default}[word]
+        value = parse_number(args, self.unit, units=self.units)
+        if self.integer:
+            if value != int(value):
+                raise ScpiError(*DATA_TYPE_ERROR)
+            value = int(value)
+        if not self.minimum <= value <= self.maximum:
+            raise ScpiError(*DATA_OUT_OF_RANGE)
+        return value
+
+    def query(self, args: str, current: float) -> float:
+        """The query's answer: the current value, or MIN/MAX/DEF when asked for."""
+        if not args.strip():
+            return current
+        word = keyword(args)
+        if word is None:
+            raise ScpiError(*ILLEGAL_PARAMETER)
+        return {"MIN": self.minimum, "MAX": self.maximum, "DEF": self.default}[word]
+
+
+def boolean(args: str) -> bool:
+    value = args.strip().upper()
+    if not value:
+        raise ScpiError(*MISSING_PARAMETER)
+    if value in ("ON", "1"):
+        return True
+    if value in ("OFF", "0"):
+        return False
+    raise ScpiError(*ILLEGAL_PARAMETER)
+
+
+def choice(args: str, *options: str) -> str:
+    """One of the declared words (each in its short or long form), as declared."""
+    value = args.strip().upper()
+    if not value:
+        raise ScpiError(*MISSING_PARAMETER)
+    for option in options:
+        node = _node(option, False)
+        if value in (node.short, node.long):
+            return option
+    raise ScpiError(*ILLEGAL_PARAMETER)
+
+
+def no_args(args: str) -> None:
+    if args.strip():
+        raise ScpiError(*PARAMETER_NOT_ALLOWED)
 
 
 def format_channel_list(ports) -> str:
     return "(@" + ",".join(str(p) for p in ports) + ")"
 
 
+FAULTS = {
+    "drop": "the connection is closed when the next command arrives",
+    "stall": "queries are never answered",
+    "delay": "every reply comes DELAY seconds late (default 30: past any timeout)",
+    "partial": "replies stop half-way, without their line end",
+    "garbage": "replies are noise",
+    "errors": "every command also puts an error on the error queue",
+    "out_of_range": "readings are the instrument's over-range sentinel",
+    "busy": "set commands are refused: the instrument is busy",
+    "power_loss": "the instrument loses power: connections drop, nothing answers for DOWN seconds "
+                  "(default 1), then it comes back with its power-on state",
+}
+
+
 class ScpiDevice:
     """An emulated SCPI instrument: declare commands with :meth:`command`, feed it lines.
 
-    Subclasses call ``self.command(pattern, handler)``; a handler gets the argument text (and
-    the numeric suffixes, for ``#`` nodes) and returns the reply for a query. Unknown headers,
+    Subclasses call ``self.command(pattern, handler)``; a handler gets the argument text and one
+    number per suffix node of its pattern, and returns the reply for a query. Unknown headers,
     bad arguments and refused settings go on the error queue as a real instrument's would.
-    """
+    ``no_error`` is how the instrument says its queue is empty."""
+
+    no_error = '0,"No error"'
 
     def __init__(self, name: str, *, command_latency_s: float = 0.0):
         self.name = name
@@ -162,18 +330,36 @@ class ScpiDevice:
         self._commands: list[_Command] = []
         self._errors: collections.deque[tuple[int, str]] = collections.deque()
         self._errors_lock = threading.Lock()
-        # Faults a test can switch on: "garbage" (replies are noise), "stall" (queries never
-        # answer), "drop" (the connection is closed on the next line).
-        self.faults: set[str] = set()
+        self.faults: dict[str, float | None] = {}  # name -> value; see FAULTS
         self.lines_seen = 0
-        self.command("*CLS", lambda args: self.clear_errors())
+        self.esr = 0  # standard event status register
+        self.command("*CLS", self._cls)
+        self.command("*ESR?", self._esr_query)
+        self.command("*STB?", lambda a: str(32 if self.esr else 0) if not a.strip() else _raise(PARAMETER_NOT_ALLOWED))
+        self.command("*OPC", lambda a: self._set_esr(1))
+        self.command("*WAI", lambda a: None)
+        self.command("*TST?", lambda a: "0")
         self.command(":SYSTem:ERRor:ALL?", self._error_all)
-        self.command(":SYSTem:ERRor?", self._error_next)
-        self.command(":SYSTem:ERRor:NEXT?", self._error_next)
+        self.command(":SYSTem:ERRor[:NEXT]?", self._error_next)
+        self.command(":SYSTem:ERRor:COUNt?", lambda a: str(len(self._errors)))
 
     def command(self, pattern: str, handler: Handler) -> None:
-        nodes, query = _compile(pattern)
-        self._commands.append(_Command(nodes, query, handler))
+        items, query, suffixes = _compile(pattern)
+        self._commands.append(_Command(items, query, handler, pattern, suffixes))
+
+    def set_fault(self, name: str, value: float | None = None) -> None:
+        if name not in FAULTS:
+            raise ValueError(f"{self.name}: unknown fault {name!r}; known: {', '.join(FAULTS)}")
+        self.faults[name] = value
+
+    def clear_faults(self) -> None:
+        self.faults.clear()
+
+    def power_on(self) -> None:
+        """The state after power comes back: the error queue empty, settings at their defaults
+        (a model restores what it keeps in non-volatile memory)."""
+        self.clear_errors()
+        self.esr = 0
 
     # -- error queue ----------------------------------------------------------------------------
 
@@ -181,24 +367,42 @@ class ScpiDevice:
         with self._errors_lock:
             if len(self._errors) >= _ERROR_QUEUE_SIZE - 1:
                 if len(self._errors) == _ERROR_QUEUE_SIZE - 1:
-                    self._errors.append((-350, "Queue overflow"))
+                    self._errors.append(QUEUE_OVERFLOW)
                 return
             self._errors.append((code, message))
+        self._set_esr(4 if code <= -100 and code > -200 else 16 if code <= -200 and code > -300 else 8)
+
+    def _set_esr(self, bit: int) -> None:
+        self.esr |= bit
+
+    def _cls(self, args: str) -> None:
+        no_args(args)
+        self.clear_errors()
+        self.esr = 0
+
+    def _esr_query(self, args: str) -> str:
+        value, self.esr = self.esr, 0
+        return str(value)
 
     def clear_errors(self) -> None:
         with self._errors_lock:
             self._errors.clear()
 
-    def _error_next(self, args: str) -> str:
+    def format_error(self, code: int, message: str) -> str:
+        return f'{code},"{message}"'
+
+    def _error_next(self, args: str, *_) -> str:
         with self._errors_lock:
-            code, msg = self._errors.popleft() if self._errors else (0, "No error")
-        return f'{code},"{msg}"'
+            if not self._errors:
+                return self.no_error
+            code, msg = self._errors.popleft()
+        return self.format_error(code, msg)
 
     def _error_all(self, args: str) -> str:
         with self._errors_lock:
-            items = list(self._errors) or [(0, "No error")]
+            items = list(self._errors)
             self._errors.clear()
-        return ",".join(f'{code},"{msg}"' for code, msg in items)
+        return ",".join(self.format_error(c, m) for c, m in items) if items else self.no_error
 
     # -- dispatch -------------------------------------------------------------------------------
 
@@ -208,15 +412,18 @@ class ScpiDevice:
         if self.command_latency_s:
             time.sleep(self.command_latency_s)
         replies = []
+        path: list[tuple[str, str]] = []
         for part in split_top_level(line.strip(), ";"):
             part = part.strip()
             if not part:
                 continue
             try:
-                reply = self._dispatch(part)
+                reply, path = self._dispatch(part, path)
             except ScpiError as exc:
                 self.push_error(exc.code, exc.message)
                 continue
+            if "errors" in self.faults:
+                self.push_error(*DEVICE_ERROR)
             if reply is not None:
                 replies.append(reply)
         if not replies:
@@ -225,56 +432,88 @@ class ScpiDevice:
             return b";".join(r if isinstance(r, bytes) else r.encode("ascii") for r in replies)
         return ";".join(replies)
 
-    def _dispatch(self, text: str) -> str | None:
-        header, _, args = text.partition(" ")
+    def _dispatch(self, text: str, path: list) -> tuple[str | bytes | None, list]:
+        m = re.match(r"([^\s]*)\s*(.*)$", text, re.S)
+        header, args = m.group(1), m.group(2)
         query = header.endswith("?")
-        tokens = header.rstrip("?").lstrip(":").split(":")
-        for cmd in self._commands:
-            if cmd.query != query or len(cmd.nodes) != len(tokens):
-                continue
-            numbers = []
-            for node, token in zip(cmd.nodes, tokens):
-                ok, number = node.match(token)
-                if not ok:
-                    break
-                if node.numbered:
-                    numbers.append(number)
-            else:
-                return cmd.handler(args.strip(), *numbers)
+        bare = header.rstrip("?")
+        absolute = bare.startswith(":") or bare.startswith("*")
+        tokens = []
+        for token in bare.lstrip(":").split(":"):
+            tm = _TOKEN.fullmatch(token)
+            if not tm:
+                raise ScpiError(*UNDEFINED_HEADER if token else SYNTAX_ERROR)
+            tokens.append((tm.group(1), tm.group(2)))
+        tries = [tokens] if absolute or not path else [path + tokens, tokens]
+        for attempt in tries:
+            for cmd in self._commands:
+                if cmd.query != query:
+                    continue
+                suffixes = _match(cmd.items, attempt, [])
+                if suffixes is None:
+                    continue
+                if "busy" in self.faults and not query and not header.startswith("*"):
+                    raise ScpiError(EXECUTION_ERROR[0], "Execution error; busy")
+                reply = cmd.handler(args.strip(), *suffixes)
+                new_path = attempt[:-1] if not header.startswith("*") else path
+                return reply, new_path
         raise ScpiError(*UNDEFINED_HEADER)
+
+
+def _raise(error: tuple[int, str]):
+    raise ScpiError(*error)
 
 
 # --- transports ---------------------------------------------------------------------------------
 
+GARBAGE = b"\x7f#!garbage?%"
+
+
+def faulty_reply(faults: dict, reply: bytes, eol: bytes) -> bytes | None:
+    """What the wire carries for a reply under the device's faults (None: nothing at all)."""
+    if "stall" in faults:
+        return None
+    if "garbage" in faults:
+        reply = GARBAGE
+    if "partial" in faults:
+        return reply[: max(1, len(reply) // 2)]  # and never the rest, nor the line end
+    if "delay" in faults:
+        time.sleep(faults["delay"] if faults["delay"] is not None else 30.0)
+    return reply + eol
+
 
 class _LineHandler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
-        device: ScpiDevice = self.server.device  # type: ignore[attr-defined]
-        self.server.clients_seen += 1  # type: ignore[attr-defined]
-        while True:
-            try:
-                raw = self.rfile.readline()
-            except ConnectionError:  # the client went away mid-line
-                return
-            if not raw:
-                return
-            if "drop" in device.faults:
-                return
-            line = raw.decode("ascii", "replace").rstrip("\r\n")
-            reply = device.handle_line(line)
-            self.server.wire_log.append((line, reply))  # type: ignore[attr-defined]
-            if reply is None:
-                continue
-            if "stall" in device.faults:
-                continue
-            if "garbage" in device.faults:
-                reply = "\x7f#!garbage?%"
-            data = reply if isinstance(reply, bytes) else reply.encode("ascii", "replace")
-            try:
-                self.wfile.write(data + b"\n")
-                self.wfile.flush()
-            except (ConnectionError, BrokenPipeError):
-                return
+        server = self.server
+        device: ScpiDevice = server.device  # type: ignore[attr-defined]
+        server.clients_seen += 1  # type: ignore[attr-defined]
+        server.connections.add(self.connection)  # type: ignore[attr-defined]
+        try:
+            while True:
+                try:
+                    raw = self.rfile.readline()
+                except (ConnectionError, OSError):  # the client went away mid-line, or power was cut
+                    return
+                if not raw:
+                    return
+                if "drop" in device.faults:
+                    return
+                line = raw.decode("ascii", "replace").rstrip("\r\n")
+                reply = device.handle_line(line)
+                server.wire_log.append((line, reply))  # type: ignore[attr-defined]
+                if reply is None:
+                    continue
+                data = faulty_reply(device.faults, reply if isinstance(reply, bytes) else
+                                    reply.encode("ascii", "replace"), b"\n")
+                if data is None:
+                    continue
+                try:
+                    self.wfile.write(data)
+                    self.wfile.flush()
+                except (ConnectionError, BrokenPipeError, OSError):
+                    return
+        finally:
+            server.connections.discard(self.connection)  # type: ignore[attr-defined]
 
 
 class _ThreadingServer(socketserver.ThreadingTCPServer):
@@ -288,50 +527,82 @@ class _ThreadingServer(socketserver.ThreadingTCPServer):
 
 
 class TcpScpiServer:
-    """Serve a device as raw SCPI over TCP on loopback, on a port the OS chooses."""
+    """Serve a device as raw SCPI over TCP on loopback, on a port the OS chooses (or ``port``)."""
 
-    def __init__(self, device: ScpiDevice, host: str = "127.0.0.1"):
+    def __init__(self, device: ScpiDevice, host: str = "127.0.0.1", port: int = 0):
         self.device = device
-        self._server = _ThreadingServer((host, 0), _LineHandler)
-        self._server.device = device  # type: ignore[attr-defined]
-        self._server.clients_seen = 0  # type: ignore[attr-defined]
+        self.host = host
+        self._server = self._make_server(host, port)
         # What arrived and what was answered, newest last: lets a test compare a driver's bytes
         # with a recorded dialogue.
-        self._server.wire_log = collections.deque(maxlen=1000)  # type: ignore[attr-defined]
-        # A short poll interval: stopping a bench should not wait half a second per instrument.
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
-                                        name=f"scpi-{device.name}", daemon=True)
+        self.wire_log: collections.deque = collections.deque(maxlen=1000)
+        self._server.wire_log = self.wire_log  # type: ignore[attr-defined]
+        self._thread: threading.Thread | None = None
+
+    def _make_server(self, host: str, port: int) -> _ThreadingServer:
+        server = _ThreadingServer((host, port), _LineHandler)
+        server.device = self.device  # type: ignore[attr-defined]
+        server.clients_seen = 0  # type: ignore[attr-defined]
+        server.connections = set()  # type: ignore[attr-defined]
+        if hasattr(self, "wire_log"):
+            server.wire_log = self.wire_log  # type: ignore[attr-defined]
+        return server
 
     @property
     def port(self) -> int:
         return self._server.server_address[1]
 
     @property
-    def wire_log(self) -> collections.deque:
-        return self._server.wire_log  # type: ignore[attr-defined]
+    def clients_seen(self) -> int:
+        return self._server.clients_seen  # type: ignore[attr-defined]
 
     @property
     def resource(self) -> str:
         return f"TCPIP0::127.0.0.1::{self.port}::SOCKET"
 
     def start(self) -> "TcpScpiServer":
+        # A short poll interval: stopping a bench should not wait half a second per instrument.
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
+                                        name=f"scpi-{self.device.name}", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._server.shutdown()
+        for conn in list(self._server.connections):  # type: ignore[attr-defined]
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         self._server.server_close()
+
+    def power_loss(self, down_s: float = 1.0) -> None:
+        """Cut the power: every connection drops, nothing listens for ``down_s``, then the
+        instrument comes back on the same address in its power-on state (as if its process
+        were killed and started again)."""
+        port = self.port
+        self.stop()
+        self.device.power_on()
+        time.sleep(down_s)
+        self._server = self._make_server(self.host, port)
+        self.start()
 
 
 class PtyLineServer:
     """Serve a line-oriented device on a pseudo-terminal, opened by pyserial like a real port.
 
-    ``eol`` is the line ending the instrument uses in both directions."""
+    ``eol`` is the line ending the instrument uses in both directions. The device's ``faults``
+    (see FAULTS) apply to what goes back on the wire; ``power_loss`` here means nothing answers
+    while it is down and the device is reset."""
 
-    def __init__(self, handle_line: Callable[[str], "str | None"], name: str, eol: bytes = b"\n"):
+    def __init__(self, handle_line: Callable[[str], "str | None"], name: str, eol: bytes = b"\n",
+                 faults: dict | None = None, power_on: Callable[[], None] | None = None):
         self._handle_line = handle_line
         self.name = name
         self.eol = eol
+        self.faults = faults if faults is not None else {}
+        self._power_on = power_on
+        self._down_until = 0.0
         self._master, self._slave = os.openpty()
         tty.setraw(self._slave)  # no echo, no line editing: bytes pass as they are
         self.path = os.ttyname(self._slave)
@@ -346,6 +617,11 @@ class PtyLineServer:
         self._thread.start()
         return self
 
+    def power_loss(self, down_s: float = 1.0) -> None:
+        self._down_until = time.monotonic() + down_s
+        if self._power_on:
+            self._power_on()
+
     def _run(self) -> None:
         buffer = b""
         while True:
@@ -356,12 +632,20 @@ class PtyLineServer:
                 chunk = os.read(self._master, 4096)
             except OSError:
                 return
+            if time.monotonic() < self._down_until:
+                buffer = b""  # no power: what arrives is lost
+                continue
             buffer += chunk
             while self.eol in buffer:
                 line, buffer = buffer.split(self.eol, 1)
+                if "drop" in self.faults:  # a serial line has no connection to drop: it goes silent
+                    continue
                 reply = self._handle_line(line.decode("ascii", "replace").strip("\r\n"))
-                if reply is not None:
-                    os.write(self._master, reply.encode("ascii", "replace") + self.eol)
+                if reply is None:
+                    continue
+                data = faulty_reply(self.faults, reply.encode("ascii", "replace"), self.eol)
+                if data is not None:
+                    os.write(self._master, data)
 
     def stop(self) -> None:
         os.write(self._stop_w, b"x")
