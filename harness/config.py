@@ -71,6 +71,8 @@ class SwitchEmulation(_Model):
                                                                    "if not its real one")
     faults: list[str] = Field(default=[], description="faults switched on from the start: stall, delay=S, drop, "
                               "partial, garbage, errors, busy, power_loss=S (lumion-hil emulate --help)")
+    product_code: str | None = Field(None, description="the product code *IDN? reports (default "
+                                     "N-VST-<in>x<out>-HU1-EMU), for scripts that check for their model")
 
 
 class MeterEmulation(_Model):

@@ -66,7 +66,8 @@ class PolatisSwitch(ScpiInstrument, OpticalSwitch):
         return self.connection_map
 
     def connected_to(self, port: int) -> int | None:
-        peer = self.ask(f":OXC:SWIT:CONN:PORT? {int(port)}", lambda r: int(r.strip().strip("\"'")))
+        # Unconnected: an empty reply (some firmware: 0); some firmware quotes the number.
+        peer = self.ask(f":OXC:SWIT:CONN:PORT? {int(port)}", lambda r: int(r.strip().strip("\"'") or 0))
         return peer or None
 
     def _pairs_command(self, header: str, pairs: Pairs) -> str:

@@ -2,8 +2,10 @@
 
 The command tree of Keysight's N77xx programming guide: optional nodes
 (``:READ[n][:CHANnel[m]][:SCALar]:POWer[:DC]?``), MIN/MAX/DEF, units, compound messages. Per
-channel: wavelength, unit (0 dBm, 1 W), averaging time, range and auto range, auto gain,
-reference and relative readings, input loss, zero, trigger input, and hardware-timed logging.
+channel: wavelength, unit (0 or DBM, 1 or W/Watt), averaging time, range and auto range, auto
+gain, reference and relative readings, input loss, zero, trigger input and output, and
+hardware-timed logging, free-running (trigger input IGNore) or started by the next trigger
+(CMEasure; ``:TRIGger NODEA`` is that trigger). Booleans and integers come back as ``+0``/``+1``.
 The error queue answers ``+0,"No error"`` when empty, as Keysight instruments do. Logging starts when ``FUNC:STAT LOGG,STAR`` is handled; sample i
 averages the light over [start + i*T, start + (i+1)*T] from the world's history, so a trace
 shows a switch's transition where the world says it happened. ``FUNC:STAT?`` answers
@@ -43,6 +45,11 @@ from instruments.emulators.scpi import (
 SENTINEL = 9.91e37
 
 
+def _flag(on: bool) -> str:
+    """Booleans come back as NR1 with a sign, like every integer this meter sends."""
+    return "+1" if on else "+0"
+
+
 def keysight_float(value: float) -> str:
     """-20.0 -> '-2.00000000E+001' (three exponent digits, as the instrument prints)."""
     if value == 0:
@@ -61,6 +68,8 @@ class _Channel:
         self.range_dbm = 10.0
         self.continuous = False
         self.trigger = "IGN"
+        self.trigger_output = "DIS"
+        self.armed = False  # logging started, waiting for a trigger (CMEasure)
         self.log_count = 100
         self.log_atime_s = 0.0001
         self.log_start_ns: int | None = None
@@ -104,7 +113,7 @@ class KeysightN77xxEmulator(ScpiDevice):
         c(f":FETCh{head}[:SCALar]:POWer:ALL?", self._all_block)
         c(f":INITiate{head}[:IMMediate]", lambda a, n, m: self._channel(n, m) and None)
         c(f":INITiate{head}:CONTinuous", self._setter(lambda ch, a: setattr(ch, "continuous", boolean(a))))
-        c(f":INITiate{head}:CONTinuous?", lambda a, n, m: "1" if self._channel(n, m).continuous else "0")
+        c(f":INITiate{head}:CONTinuous?", lambda a, n, m: _flag(self._channel(n, m).continuous))
         c(f":SENSe{head}:POWer:WAVelength", self._setter(self._set_wavelength))
         c(f":SENSe{head}:POWer:WAVelength?", lambda a, n, m: keysight_float(
             WAVELENGTH_M.query(a, self._channel(n, m).head.wavelength_nm * 1e-9)))
@@ -116,13 +125,13 @@ class KeysightN77xxEmulator(ScpiDevice):
         c(f":SENSe{head}:POWer:RANGe[:UPPer]?", lambda a, n, m: keysight_float(
             RANGE_DBM.query(a, self._channel(n, m).range_dbm)))
         c(f":SENSe{head}:POWer:RANGe:AUTO", self._setter(lambda ch, a: setattr(ch, "auto_range", boolean(a))))
-        c(f":SENSe{head}:POWer:RANGe:AUTO?", lambda a, n, m: "1" if self._channel(n, m).auto_range else "0")
+        c(f":SENSe{head}:POWer:RANGe:AUTO?", lambda a, n, m: _flag(self._channel(n, m).auto_range))
         c(f":SENSe{head}:POWer:GAIN:AUTO", self._setter(lambda ch, a: setattr(ch, "auto_gain", boolean(a))))
-        c(f":SENSe{head}:POWer:GAIN:AUTO?", lambda a, n, m: "1" if self._channel(n, m).auto_gain else "0")
+        c(f":SENSe{head}:POWer:GAIN:AUTO?", lambda a, n, m: _flag(self._channel(n, m).auto_gain))
         c(f":SENSe{head}:POWer:REFerence", self._setter(self._set_reference))
         c(f":SENSe{head}:POWer:REFerence?", self._reference)
         c(f":SENSe{head}:POWer:REFerence:STATe", self._setter(lambda ch, a: setattr(ch, "relative", boolean(a))))
-        c(f":SENSe{head}:POWer:REFerence:STATe?", lambda a, n, m: "1" if self._channel(n, m).relative else "0")
+        c(f":SENSe{head}:POWer:REFerence:STATe?", lambda a, n, m: _flag(self._channel(n, m).relative))
         c(f":SENSe{head}:CORRection[:LOSS][:INPut][:MAGNitude]", self._setter(
             lambda ch, a: setattr(ch, "loss_db", LOSS_DB.parse(a))))
         c(f":SENSe{head}:CORRection[:LOSS][:INPut][:MAGNitude]?", lambda a, n, m: keysight_float(
@@ -134,6 +143,10 @@ class KeysightN77xxEmulator(ScpiDevice):
         c(f":TRIGger{head}:INPut", self._setter(self._set_trigger))
         c(f":TRIGger{head}:INPut?", lambda a, n, m: {"IGN": "IGNore", "SME": "SMEasure", "CME": "CMEasure",
                                                       "PAS": "PASSthru"}[self._channel(n, m).trigger])
+        c(f":TRIGger{head}:OUTPut", self._setter(self._set_trigger_output))
+        c(f":TRIGger{head}:OUTPut?", lambda a, n, m: {"DIS": "DISabled", "AVG": "AVGover", "MEAS": "MEASure",
+                                                       "MOD": "MODulation"}[self._channel(n, m).trigger_output])
+        c(":TRIGger", self._trigger_now)
         c(f":SENSe{head}:FUNCtion:PARameter:LOGGing", self._setter(self._set_logging))
         c(f":SENSe{head}:FUNCtion:PARameter:LOGGing?", lambda a, n, m: (
             f"+{self._channel(n, m).log_count},{keysight_float(self._channel(n, m).log_atime_s)}"))
@@ -159,8 +172,8 @@ class KeysightN77xxEmulator(ScpiDevice):
     def _setter(self, apply):
         def handler(args: str, n: int, m: int) -> None:
             channel = self._channel(n, m)
-            if channel.log_start_ns is not None and not self._finished(channel):
-                channel.log_start_ns, channel.function = None, "NONE"  # a setting change stops logging
+            if channel.armed or (channel.log_start_ns is not None and not self._finished(channel)):
+                channel.armed, channel.log_start_ns, channel.function = False, None, "NONE"  # a setting stops logging
             apply(channel, args.strip())
 
         return handler
@@ -177,7 +190,7 @@ class KeysightN77xxEmulator(ScpiDevice):
 
     def _set_unit(self, ch: _Channel, args: str) -> None:
         value = args.upper()
-        if value not in ("0", "1", "DBM", "W"):
+        if value not in ("0", "1", "DBM", "W", "WATT"):
             raise ScpiError(*(MISSING_PARAMETER if not value else ILLEGAL_PARAMETER))
         ch.unit = 0 if value in ("0", "DBM") else 1
 
@@ -204,6 +217,22 @@ class KeysightN77xxEmulator(ScpiDevice):
     def _set_trigger(self, ch: _Channel, args: str) -> None:
         ch.trigger = {"IGNORE": "IGN", "SMEASURE": "SME", "CMEASURE": "CME", "PASSTHRU": "PAS"}[
             choice(args, "IGNore", "SMEasure", "CMEasure", "PASSthru").upper()]
+
+    def _set_trigger_output(self, ch: _Channel, args: str) -> None:
+        ch.trigger_output = {"DISABLED": "DIS", "AVGOVER": "AVG", "MEASURE": "MEAS", "MODULATION": "MOD"}[
+            choice(args, "DISabled", "AVGover", "MEASure", "MODulation").upper()]
+
+    def _trigger_now(self, args: str) -> None:
+        """``:TRIGger NODEA`` (or 1): as if a pulse came in at the trigger input; ``NODEB`` (2)
+        drives the output connector, which nothing here listens to."""
+        node = choice(args if args.strip() not in ("1", "2") else {"1": "NODEA", "2": "NODEB"}[args.strip()],
+                      "NODEA", "NODEB")
+        if node != "NODEA":
+            return
+        now = self.world.now_ns()
+        for ch in self.channels.values():
+            if ch.armed and ch.trigger == "CME":  # a complete measurement starts with the pulse
+                ch.armed, ch.log_start_ns = False, now
 
     def _set_logging(self, ch: _Channel, args: str) -> None:
         parts = args.split(",")
@@ -250,13 +279,18 @@ class KeysightN77xxEmulator(ScpiDevice):
         function = choice(parts[0], "LOGGing", "STABility", "MINMax")
         action = choice(parts[1], "STARt", "STOP")
         if action == "STARt":
-            if ch.trigger != "IGN":
-                raise ScpiError(*SETTINGS_CONFLICT)  # only free-run logging is emulated
+            if ch.trigger not in ("IGN", "CME"):
+                raise ScpiError(SETTINGS_CONFLICT[0], "Settings conflict; only free-running and CMEasure logging "
+                                                      "are emulated")
             if function != "LOGGing":
                 raise ScpiError(SETTINGS_CONFLICT[0], "Settings conflict; only logging is emulated")
-            ch.log_start_ns, ch.function = self.world.now_ns(), "LOGGING_STABILITY"
+            ch.function = "LOGGING_STABILITY"
+            if ch.trigger == "CME":  # armed: the run starts at the next trigger
+                ch.armed, ch.log_start_ns = True, None
+            else:
+                ch.armed, ch.log_start_ns = False, self.world.now_ns()
         else:
-            ch.log_start_ns, ch.function = None, "NONE"
+            ch.armed, ch.log_start_ns, ch.function = False, None, "NONE"
 
     def _finished(self, ch: _Channel) -> bool:
         end = ch.log_start_ns + ch.log_count * int(ch.log_atime_s * 1e9)
@@ -264,6 +298,8 @@ class KeysightN77xxEmulator(ScpiDevice):
 
     def _state(self, args: str, n: int, m: int) -> str:
         ch = self._channel(n, m)
+        if ch.armed:
+            return f"{ch.function},PROGRESS"
         if ch.log_start_ns is None:
             return f"{ch.function},COMPLETE"
         return f"{ch.function},{'COMPLETE' if self._finished(ch) else 'PROGRESS'}"

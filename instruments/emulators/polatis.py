@@ -4,14 +4,16 @@ forms, any case, trailing semicolons, ``;*OPC?`` on the same line, CR LF line en
 
 Assumed where the reference is silent, and said so:
 - a connection whose ingress or egress is in use is refused with -221 "Settings conflict";
-- ``:oxc:swit:conn:port?`` of an unconnected port answers ``0``;
+- ``:oxc:swit:conn:port?`` of an unconnected port answers an empty line (a script written
+  against an N-OST-24x24 says "no connection returns an empty string": tests/replay);
 - ``*RST`` removes every connection, clears the error queue and re-enables every port (a
   third-party driver documents "resets the instrument and disconnects all connections");
 - disconnection takes no switching time (the beam leaves the output as it starts to move);
 - ``:oxc:boot:mode`` is DARK (no connections after power comes back), RESTore or AUTosave
   (the connections before the loss come back; the default here);
 - ``:oxc:swit:port:stat?`` without a list answers every port, ingress first;
-- ``:syst:comm:netw:*?`` answer this emulator's loopback address (unconfirmed command names).
+- ``:syst:comm:netw:addr?`` answers ``key="value"`` pairs, the form a published client library
+  parses (devicecontrol-polatis); the key names are assumed.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class PolatisEmulator(ScpiDevice):
         self._rng = random.Random(seed)
         self.boot_mode = "AUTosave"
         n_in, n_out = spec.emulation.reported_ports or spec.ports
-        self.identity = f"Polatis,N-VST-{n_in}x{n_out}-HU1-EMU,EMU{seed:05d},6.5.2.18"
+        product = spec.emulation.product_code or f"N-VST-{n_in}x{n_out}-HU1-EMU"
+        self.identity = f"Polatis,{product},EMU{seed:05d},6.5.2.18"
         c = self.command
         c("*IDN?", lambda a: self.identity)
         c("*RST", self._reset)
@@ -67,10 +70,8 @@ class PolatisEmulator(ScpiDevice):
         c(":OXC:SWITch:PORT:ENABle", lambda a: self._set_ports(a, "E"))
         c(":OXC:BOOT:MODE", lambda a: setattr(self, "boot_mode", choice(a, "DARK", "RESTore", "AUTosave")))
         c(":OXC:BOOT:MODE?", lambda a: {"DARK": "DARK", "RESTore": "REST", "AUTosave": "AUT"}[self.boot_mode])
-        c(":SYSTem:COMMunicate:NETWork:ADDRess?", lambda a: "127.0.0.1")
-        c(":SYSTem:COMMunicate:NETWork:MASK?", lambda a: "255.0.0.0")
-        c(":SYSTem:COMMunicate:NETWork:GATeway?", lambda a: "0.0.0.0")
-        c(":SYSTem:COMMunicate:NETWork:DHCP?", lambda a: "0")
+        c(":SYSTem:COMMunicate:NETWork:ADDRess?",
+          lambda a: no_args(a) or 'IPADDR="127.0.0.1" NETMASK="255.0.0.0" GATEWAY="0.0.0.0" DHCP="OFF"')
         if spec.power_monitors:
             c(":PMONitor:POWer?", self._power)
 
@@ -154,7 +155,7 @@ class PolatisEmulator(ScpiDevice):
                 return str(egress)
             if port == egress:
                 return str(ingress)
-        return "0"
+        return ""
 
     def _port_state(self, args: str) -> str:
         ports = self._ports(args) if args.strip() else list(self.world.ingress_ports) + list(self.world.egress_ports)

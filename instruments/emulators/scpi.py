@@ -343,6 +343,34 @@ class ScpiDevice:
         self.command(":SYSTem:ERRor[:NEXT]?", self._error_next)
         self.command(":SYSTem:ERRor:COUNt?", lambda a: str(len(self._errors)))
 
+    def status_registers(self, *names: str) -> None:
+        """SCPI-99's status reporting structures (chapter 9), each with its condition, event,
+        enable and transition registers: ``status_registers("OPERation", "QUEStionable")``.
+        Nothing in the emulators raises their bits yet: they read 0 until a model sets
+        ``self.status[name]["CONDition"]``."""
+        def preset() -> None:
+            self.status = {name: {"CONDition": 0, "EVENt": 0, "ENABle": 0, "PTRansition": 32767, "NTRansition": 0}
+                           for name in names}
+
+        preset()
+        integer = Number(0, 32767, 0, integer=True)
+
+        def read_event(name):
+            def handler(args: str) -> str:
+                no_args(args)
+                value, self.status[name]["EVENt"] = self.status[name]["EVENt"], 0  # reading clears it
+                return str(value)
+            return handler
+
+        for name in names:
+            self.command(f":STATus:{name}[:EVENt]?", read_event(name))
+            self.command(f":STATus:{name}:CONDition?", lambda a, n=name: no_args(a) or str(self.status[n]["CONDition"]))
+            for register in ("ENABle", "PTRansition", "NTRansition"):
+                self.command(f":STATus:{name}:{register}",
+                             lambda a, n=name, r=register: self.status[n].__setitem__(r, int(integer.parse(a))))
+                self.command(f":STATus:{name}:{register}?", lambda a, n=name, r=register: str(self.status[n][r]))
+        self.command(":STATus:PRESet", lambda a: no_args(a) or preset())
+
     def command(self, pattern: str, handler: Handler) -> None:
         items, query, suffixes = _compile(pattern)
         self._commands.append(_Command(items, query, handler, pattern, suffixes))

@@ -113,6 +113,7 @@ class ThorlabsPM100Emulator(ScpiDevice):
         c("MEASure[:SCALar][:POWer]", self._initiate)  # measure now, FETCh? later (the ThorlabsPM100 package's way)
         c("MEASure[:SCALar]:ENERgy?", self._not_this_sensor)
         c("MEASure[:SCALar]:CURRent[:DC]?", self._measure_current)
+        self.status_registers("OPERation", "QUEStionable", "MEASurement", "AUXiliary")
 
     def power_on(self) -> None:
         super().power_on()
@@ -168,11 +169,9 @@ class ThorlabsPM100Emulator(ScpiDevice):
         if self.relative:
             if self.unit == "DBM":
                 reference_dbm = -999.0 if self.reference_w <= 0 else 10 * math.log10(self.reference_w * 1000)
-                return f"{dbm - reference_dbm:.4f}"
+                return nr3(dbm - reference_dbm)
             watts -= self.reference_w
-        if self.unit == "DBM":
-            return f"{dbm:.4f}"
-        return nr3(watts)
+        return nr3(dbm if self.unit == "DBM" else watts)
 
     def _initiate(self, args: str) -> None:
         no_args(args)
