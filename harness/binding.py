@@ -8,13 +8,20 @@ from instruments.visa import VisaSession
 
 def open_driver(name: str, spec: SwitchInstrument | MeterInstrument, resource: str, *, opc_timeout_s: float = 10.0):
     """Open the driver for a bench instrument at ``resource`` (the real address, or where its
-    emulator listens). The driver does not know, and does not care, which one it is. Meters are
-    set to the bench's wavelength on every channel."""
+    emulator listens). The driver does not know, and does not care, which one it is. SCPI
+    instruments start with their error queue cleared (``*CLS``); meters are set to the bench's
+    wavelength on every channel."""
     if spec.model == "polatis":
         from instruments.polatis import PolatisSwitch
 
-        return PolatisSwitch(_visa(name, spec, resource), power_monitors=spec.power_monitors,
-                             opc_timeout_s=opc_timeout_s)
+        switch = PolatisSwitch(_visa(name, spec, resource), power_monitors=spec.power_monitors,
+                               opc_timeout_s=opc_timeout_s)
+        try:
+            switch.clear_status()
+        except BaseException:
+            switch.close()
+            raise
+        return switch
     if spec.model == "dicon-matrix":
         from instruments.dicon import DiconMatrix
 
@@ -31,6 +38,7 @@ def open_driver(name: str, spec: SwitchInstrument | MeterInstrument, resource: s
     else:
         raise ValueError(f"{name}: no driver for model {spec.model!r}")
     try:
+        meter.clear_status()
         for channel in range(1, meter.channels + 1):
             meter.set_wavelength_nm(spec.wavelength_nm, channel)
     except BaseException:

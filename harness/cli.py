@@ -247,7 +247,13 @@ def _build_report(results: Path, required: bool = True) -> int:
 @click.option("--bench-out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write a bench file pointing at what is served: runs against it treat the "
                    "emulated bench like a real one that outlives them.")
-def emulate(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], bench_out: Path | None) -> None:
+@click.option("--fault", "faults", multiple=True, metavar="NAME=FAULT[=SECONDS]",
+              help="Serve an instrument (or an emulated host's agent) misbehaving, e.g. ocs=stall, "
+                   "pm-lab=delay=30, ocs=power_loss=2, host1=drop (repeatable). Instrument faults: "
+                   "drop, stall, delay, partial, garbage, errors, out_of_range, busy, power_loss; "
+                   "a host's take effect through --bench-out.")
+def emulate(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], bench_out: Path | None,
+            faults: tuple[str, ...]) -> None:
     """Serve the emulated instruments (and hosts) of a bench in the foreground.
 
     Prints each instrument's VISA resource string, so any VISA tool or script can talk to it
@@ -259,9 +265,13 @@ def emulate(bench_path: Path, time_scale: float | None, defects: tuple[str, ...]
     bench = _load_or_exit(bench_path, time_scale, defects)
     if not bench.any_emulated:
         raise click.ClickException(f"bench {bench.name!r} has no emulated instrument (resource: emulated)")
+    instrument_faults, bench = _faults(bench, faults)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with EmulatedBench(bench) as emulated:
+        for name, fault in instrument_faults:
+            emulated.set_fault(name, fault)
+            click.echo(f"lumion-hil: {name}: fault {fault}", err=True)
         click.echo(f"lumion-hil: emulating bench {bench.name!r} (time scale {bench.emulator.time_scale:g})")
         for name, resource in emulated.resources.items():
             spec = bench.instruments[name]
@@ -282,6 +292,46 @@ def emulate(bench_path: Path, time_scale: float | None, defects: tuple[str, ...]
         except KeyboardInterrupt:
             pass
     click.echo("lumion-hil: stopped", err=True)
+
+
+def _faults(bench, faults: tuple[str, ...]):
+    """``NAME=FAULT[=SECONDS]`` options: (instrument, fault) pairs to switch on once served, and the
+    bench with each named host's agent faults added. A wrong name or fault is a usage error."""
+    from instruments.emulators.scpi import FAULTS
+    from instruments.gpu_host.agent import AGENT_FAULTS
+
+    instrument_faults, host_faults = [], {}
+    for option in faults:
+        name, sep, fault = option.partition("=")
+        kind, _, value = fault.partition("=")
+        if not sep or not fault:
+            raise click.BadParameter(f"{option!r}: expected NAME=FAULT[=SECONDS], e.g. ocs=stall", param_hint="--fault")
+        hosts = {h.name: h for h in bench.topology.hosts if h.emulated}
+        known = FAULTS if name in bench.instruments else AGENT_FAULTS if name in hosts else None
+        if known is None:
+            names = ", ".join([n for n, i in bench.instruments.items() if i.emulated] + list(hosts))
+            raise click.BadParameter(f"{option!r}: no emulated instrument or host {name!r} in bench "
+                                     f"{bench.name!r}; emulated: {names}", param_hint="--fault")
+        if name in bench.instruments and not bench.instruments[name].emulated:
+            raise click.BadParameter(f"{option!r}: {name} is not emulated ({bench.instruments[name].resource})",
+                                     param_hint="--fault")
+        if kind not in known:
+            raise click.BadParameter(f"{option!r}: unknown fault {kind!r}; known: {', '.join(known)}",
+                                     param_hint="--fault")
+        try:
+            float(value) if value else None
+        except ValueError:
+            raise click.BadParameter(f"{option!r}: {value!r} is not a number of seconds", param_hint="--fault") from None
+        if name in bench.instruments:
+            instrument_faults.append((name, fault))
+        else:
+            host_faults.setdefault(name, []).append(fault)
+    if host_faults:
+        hosts = [h.model_copy(update={"emulation": h.emulation.model_copy(
+                     update={"faults": [*h.emulation.faults, *host_faults.get(h.name, [])]})})
+                 for h in bench.topology.hosts]
+        bench = bench.model_copy(update={"topology": bench.topology.model_copy(update={"hosts": hosts})})
+    return instrument_faults, bench
 
 
 @main.command("defects")

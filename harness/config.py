@@ -55,6 +55,32 @@ class Sourced(_Model):
 # --- instruments -----------------------------------------------------------------------------
 
 
+def _check_faults(faults: list[str], known: dict[str, str]) -> list[str]:
+    """``name`` or ``name=seconds``, each a fault the emulator knows."""
+    for fault in faults:
+        name, _, value = fault.partition("=")
+        if name not in known:
+            raise ValueError(f"unknown fault {name!r}; known: {', '.join(known)}")
+        if value:
+            try:
+                float(value)
+            except ValueError:
+                raise ValueError(f"fault {fault!r}: {value!r} is not a number of seconds") from None
+    return faults
+
+
+def _instrument_faults(faults: list[str]) -> list[str]:
+    from instruments.emulators.scpi import FAULTS
+
+    return _check_faults(faults, FAULTS)
+
+
+def _agent_faults(faults: list[str]) -> list[str]:
+    from instruments.gpu_host.agent import AGENT_FAULTS
+
+    return _check_faults(faults, AGENT_FAULTS)
+
+
 class SwitchEmulation(_Model):
     """How the emulated switch behaves. Used only when the instrument's resource is ``emulated``."""
 
@@ -74,6 +100,8 @@ class SwitchEmulation(_Model):
     product_code: str | None = Field(None, description="the product code *IDN? reports (default "
                                      "N-VST-<in>x<out>-HU1-EMU), for scripts that check for their model")
 
+    _faults = field_validator("faults")(_instrument_faults)
+
 
 class MeterEmulation(_Model):
     noise_db: NonNegativeFloat = 0.02
@@ -81,6 +109,8 @@ class MeterEmulation(_Model):
     min_sample_interval_s: PositiveFloat = 0.0001
     command_latency_s: NonNegativeFloat = 0.0002
     faults: list[str] = Field(default=[], description="faults switched on from the start (see the switch's)")
+
+    _faults = field_validator("faults")(_instrument_faults)
 
 
 class _InstrumentBase(_Model):
@@ -180,6 +210,10 @@ class HostEmulation(_Model):
                                     "of this host really carries (1: all of it)")
     silent_data_corruption: bool = Field(False, description="its GPU returns wrong results without an error")
     link_flaps: NonNegativeInt = Field(0, description="times a link comes up and drops again before it stays up")
+    faults: list[str] = Field(default=[], description="faults of its agent from the start: drop, stall, delay=S, "
+                              "partial, garbage, errors, power_loss (python -m instruments.gpu_host.agent --help)")
+
+    _faults = field_validator("faults")(_agent_faults)
 
 
 class Host(_Model):

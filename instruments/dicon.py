@@ -18,7 +18,15 @@ from typing import Iterable
 
 import serial
 
-from instruments.protocols import Identity, InstrumentError, OpticalSwitch, Pairs, PortState, as_pairs
+from instruments.protocols import (
+    Identity,
+    InstrumentError,
+    InstrumentIOError,
+    OpticalSwitch,
+    Pairs,
+    PortState,
+    as_pairs,
+)
 
 
 class DiconMatrix(OpticalSwitch):
@@ -30,6 +38,7 @@ class DiconMatrix(OpticalSwitch):
         self.pace_s = pace_s
         self._lock = threading.RLock()
         self._last = 0.0
+        self._dirty = False  # an exchange failed: a late reply may still be on its way
         device = port.removeprefix("ASRL").removesuffix("::INSTR")
         try:
             self._serial = serial.Serial(device, baudrate=baud_rate, bytesize=8, parity="N", stopbits=1,
@@ -48,26 +57,50 @@ class DiconMatrix(OpticalSwitch):
         try:
             self._serial.write(line.encode("ascii") + b"\n")
         except (serial.SerialException, OSError) as exc:
-            raise InstrumentError(self.name, line, f"write failed: {exc}") from None
+            self._dirty = True
+            raise InstrumentIOError(self.name, line, f"write failed: {exc}") from None
+
+    def _readline(self, line: str) -> str:
+        try:
+            raw = self._serial.readline()
+        except (serial.SerialException, OSError) as exc:
+            self._dirty = True
+            raise InstrumentIOError(self.name, line, f"read failed: {exc}") from None
+        if not raw.endswith(b"\n"):
+            self._dirty = True
+            raise InstrumentIOError(self.name, line, "no valid reply: timed out waiting for the instrument",
+                                    raw.decode("ascii", "replace") or None)
+        return raw.decode("ascii", "replace").strip()
+
+    def _resync(self) -> None:
+        """After a failed exchange a late answer may still come, and a serial line has no
+        connection to renew: ask *IDN? and read until its answer, so whatever came late is
+        read and dropped before the next question."""
+        self._serial.reset_input_buffer()
+        self._write("*IDN?")
+        deadline = time.monotonic() + 4 * (self._serial.timeout or 1.0)  # a late answer may be slow to come
+        while time.monotonic() < deadline:
+            raw = self._serial.readline()
+            if raw.endswith(b"\n") and raw.count(b",") == 3:
+                self._dirty = False
+                return
+        raise InstrumentIOError(self.name, "*IDN?", "could not resynchronise after a failed exchange: "
+                                "no identity among the replies")
 
     def _query(self, line: str) -> str:
         with self._lock:
+            if self._dirty:
+                self._resync()
             self._serial.reset_input_buffer()  # a stray line must not pass for this answer
             self._write(line)
-            try:
-                raw = self._serial.readline()
-            except (serial.SerialException, OSError) as exc:
-                raise InstrumentError(self.name, line, f"read failed: {exc}") from None
-            if not raw.endswith(b"\n"):
-                raise InstrumentError(self.name, line, "no valid reply: timed out waiting for the instrument",
-                                      raw.decode("ascii", "replace") or None)
-            return raw.decode("ascii", "replace").strip()
+            return self._readline(line)
 
     def _output_of(self, ingress: int) -> int:
         command = f"X{self.module} CH? {ingress}"
         reply = self._query(command)
         if not reply.isdigit():
-            raise InstrumentError(self.name, command, "unexpected reply (expected an output number)", reply)
+            self._dirty = True
+            raise InstrumentIOError(self.name, command, "unexpected reply (expected an output number)", reply)
         return int(reply)
 
     def _to_wire(self, ingress: int, egress: int) -> tuple[int, int]:
@@ -80,6 +113,8 @@ class DiconMatrix(OpticalSwitch):
     def _move(self, ingress: int, wire_out: int) -> None:
         command = f"X{self.module} CH {ingress} {wire_out}"
         with self._lock:
+            if self._dirty:
+                self._resync()
             self._write(command)
             now_on = self._output_of(ingress)
         if now_on != wire_out:
@@ -91,7 +126,7 @@ class DiconMatrix(OpticalSwitch):
         reply = self._query("*IDN?")
         parts = [p.strip() for p in reply.split(",")]
         if len(parts) != 4:
-            raise InstrumentError(self.name, "*IDN?", "unexpected reply (expected vendor,model,serial,firmware)", reply)
+            raise InstrumentIOError(self.name, "*IDN?", "unexpected reply (expected vendor,model,serial,firmware)", reply)
         return Identity(*parts)
 
     def size(self) -> tuple[int, int]:

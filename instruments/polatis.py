@@ -6,9 +6,17 @@ Command set: shared instrument reference. Ingress ports are 1..N, egress N+1..N+
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from typing import Callable, Iterable
 
-from instruments.protocols import Identity, OpticalSwitch, Pairs, PortState, as_pairs
+from instruments.protocols import (
+    Identity,
+    InstrumentError,
+    InstrumentIOError,
+    OpticalSwitch,
+    Pairs,
+    PortState,
+    as_pairs,
+)
 from instruments.scpi import ScpiInstrument, parse_identity, query
 
 _CHANNEL_LIST = re.compile(r"\(@([\d,\s]*)\)")
@@ -74,16 +82,43 @@ class PolatisSwitch(ScpiInstrument, OpticalSwitch):
         items = as_pairs(pairs)
         return f"{header} {channel_list(i for i, _ in items)},{channel_list(e for _, e in items)}"
 
+    def _switch(self, command: str, remaining: Callable[[dict[int, int]], list], header: str | None = None) -> None:
+        """Send a switch command and wait for it. If the exchange fails (no reply, connection
+        lost, garbled), nothing says whether the switch moved: read it back, and send again only
+        what the read-back shows is still to do, once. A refusal is never sent again."""
+        try:
+            self.send_and_wait(command)
+            return
+        except InstrumentIOError as failed:
+            first = failed
+        try:
+            todo = remaining(self.connections())
+        except InstrumentError as exc:
+            raise InstrumentIOError(self.name, command, f"{first.reason}; the state could not be read back "
+                                    f"({exc.reason})", first.reply) from None
+        if not todo:
+            return  # it was done before the exchange failed
+        again = self._pairs_command(header, todo) if header else command
+        try:
+            self.send_and_wait(again)
+        except InstrumentError as exc:
+            raise type(exc)(self.name, again, f"sent again after reading back that {todo} was not done "
+                            f"({first.reason}): {exc.reason}", exc.reply) from None
+
     def connect(self, pairs: Pairs) -> None:
-        if as_pairs(pairs):
-            self.send_and_wait(self._pairs_command(":OXC:SWIT:CONN:ADD", pairs))
+        items = as_pairs(pairs)
+        if items:
+            self._switch(self._pairs_command(":OXC:SWIT:CONN:ADD", items),
+                         lambda now: [(i, e) for i, e in items if now.get(i) != e], ":OXC:SWIT:CONN:ADD")
 
     def disconnect(self, pairs: Pairs) -> None:
-        if as_pairs(pairs):
-            self.send_and_wait(self._pairs_command(":OXC:SWIT:CONN:SUB", pairs))
+        items = as_pairs(pairs)
+        if items:
+            self._switch(self._pairs_command(":OXC:SWIT:CONN:SUB", items),
+                         lambda now: [(i, e) for i, e in items if now.get(i) == e], ":OXC:SWIT:CONN:SUB")
 
     def disconnect_all(self) -> None:
-        self.send_and_wait(":OXC:SWIT:DISC:ALL")
+        self._switch(":OXC:SWIT:DISC:ALL", lambda now: sorted(now.items()))
 
     def port_states(self, ports: Iterable[int]) -> dict[int, PortState]:
         ports = list(ports)

@@ -25,6 +25,11 @@ class InstrumentError(Exception):
         super().__init__(text)
 
 
+class InstrumentIOError(InstrumentError):
+    """The exchange itself failed (no reply in time, the connection lost, a reply that is not
+    one): unlike a refusal, the instrument may or may not have done what was asked."""
+
+
 class NotSupported(InstrumentError):
     """The instrument model cannot do this (a switch without power monitors, say)."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from instruments.protocols import Identity, InstrumentError
+from instruments.protocols import Identity, InstrumentError, InstrumentIOError
 from instruments.visa import VisaSession
 
 _ERROR_ITEM = re.compile(r'\s*([+-]?\d+)\s*,\s*"([^"]*)"\s*')
@@ -72,7 +72,7 @@ class ScpiInstrument:
         try:
             return parse(reply)
         except (ValueError, IndexError) as exc:
-            raise InstrumentError(self.name, command, f"unexpected reply ({exc})", reply) from None
+            raise InstrumentIOError(self.name, command, f"unexpected reply ({exc})", reply) from None
 
     def send(self, command: str) -> None:
         """A set command, then the error queue."""
@@ -84,8 +84,13 @@ class ScpiInstrument:
         full = f"{command};*OPC?"
         reply = self.session.query(full, timeout_s=timeout_s or self.opc_timeout_s)
         if reply.strip() != "1":
-            raise InstrumentError(self.name, full, "operation did not report completion", reply)
+            raise InstrumentIOError(self.name, full, "operation did not report completion", reply)
         self.check_errors(command)
+
+    def clear_status(self) -> None:
+        """``*CLS``: empty the error queue and the event registers, so that what an earlier
+        session left there is not taken for the answer to this one's commands."""
+        self.session.write("*CLS")
 
     def errors(self) -> list[tuple[int, str]]:
         """Empty the error queue and return what was on it."""

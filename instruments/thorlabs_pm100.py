@@ -13,6 +13,9 @@ from instruments.protocols import Identity, OutOfRange, PowerMeter, Reading, wat
 from instruments.scpi import ScpiInstrument, parse_identity, query
 
 
+OVER_RANGE_ABOVE = 1e20
+
+
 def parse_reading(reply: str) -> Reading:
     text = reply.strip()
     upper = text.upper().lstrip("+")
@@ -23,6 +26,8 @@ def parse_reading(reply: str) -> Reading:
     value = float(text)
     if not math.isfinite(value):
         raise ValueError("not a finite number")
+    if abs(value) > OVER_RANGE_ABOVE:  # SCPI's "no value" 9.9E37: never a power
+        return OutOfRange("over", text)
     return value
 
 

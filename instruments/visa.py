@@ -1,6 +1,7 @@
 """A session with a message-based instrument through pyvisa and pyvisa-py (no vendor VISA).
 
-Every failure becomes an InstrumentError that names the instrument, the command and the reason.
+Every failure becomes an InstrumentError that names the instrument, the command and the reason
+(an InstrumentIOError when the exchange itself failed).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 import pyvisa
 from pyvisa import constants, errors as visa_errors
 
-from instruments.protocols import InstrumentError
+from instruments.protocols import InstrumentError, InstrumentIOError
 
 _rm_lock = threading.Lock()
 _rm: pyvisa.ResourceManager | None = None
@@ -30,7 +31,13 @@ def resource_manager() -> pyvisa.ResourceManager:
 
 
 class VisaSession:
-    """Write, read and query text lines; paced when the instrument needs it."""
+    """Write, read and query text lines; paced when the instrument needs it.
+
+    Every exchange has a deadline (the VISA timeout; twice that for a query sent again). After a failed exchange the connection is
+    opened afresh before the next one, so a late or half reply can never pass for the answer to a
+    later command. Only a pure query (every part of the line ends in ``?``) is sent again, once,
+    and only when the connection was lost: asking twice changes nothing on the instrument. A set
+    command is never repeated here; the driver reads the instrument back and decides."""
 
     def __init__(
         self,
@@ -46,20 +53,58 @@ class VisaSession:
         self.resource_name = resource
         self.timeout_s = timeout_s
         self.pace_s = pace_s
+        self._terminations = {"read_termination": read_termination, "write_termination": write_termination}
         self._last_write = 0.0
         self._lock = threading.RLock()
-        _probe_socket(name, resource, timeout_s)
+        self._dirty = False
+        self.reconnects = 0
+        self._res = self._open(time.monotonic() + timeout_s)
+
+    def _open(self, deadline: float):
+        """Open the resource; while the instrument refuses connections (rebooting after a power
+        loss), try again until ``deadline``."""
+        while True:
+            try:
+                _probe_socket(self.name, self.resource_name, max(0.05, deadline - time.monotonic()))
+                res = resource_manager().open_resource(self.resource_name, timeout=int(self.timeout_s * 1000),
+                                                       **self._terminations)
+                break
+            except InstrumentError:
+                if time.monotonic() >= deadline:
+                    raise
+            except (visa_errors.Error, OSError, ValueError) as exc:
+                if time.monotonic() >= deadline:
+                    raise InstrumentError(self.name, f"open {self.resource_name}",
+                                          f"cannot open the instrument: {exc}") from None
+            time.sleep(0.05)  # the instrument's network stack is not listening yet: ask again shortly
+        if _SOCKET.fullmatch(self.resource_name.strip()):
+            _no_delay(res)
+        return res
+
+    def _reopen(self, deadline: float) -> None:
         try:
-            self._res = resource_manager().open_resource(
-                resource,
-                read_termination=read_termination,
-                write_termination=write_termination,
-                timeout=int(timeout_s * 1000),
-            )
-        except (visa_errors.Error, OSError, ValueError) as exc:
-            raise InstrumentError(name, f"open {resource}", f"cannot open the instrument: {exc}") from None
-        if _SOCKET.fullmatch(resource.strip()):
-            _no_delay(self._res)
+            self._res.close()
+        except (visa_errors.Error, OSError):
+            pass
+        self._res = self._open(deadline)
+        self._dirty = False
+        self.reconnects += 1
+
+    def _socket(self) -> socket.socket | None:
+        interface = getattr(self._res.visalib.sessions.get(self._res.session), "interface", None)
+        return interface if isinstance(interface, socket.socket) else None
+
+    def _peer_closed(self) -> bool:
+        """The instrument closed its end (dropped us, or lost power): a raw socket reads EOF."""
+        sock = self._socket()
+        if sock is None:
+            return False
+        try:
+            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
 
     def _pace(self) -> None:
         if self.pace_s:
@@ -68,13 +113,35 @@ class VisaSession:
                 time.sleep(wait)  # a pacing rule of the firmware, not a completion wait
         self._last_write = time.perf_counter()
 
+    def _exchange(self, command: str, what: str, action, timeout_s: float | None, errors: tuple = ()):
+        """Run one exchange under its deadline, reconnecting first if the last one failed."""
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        retried = False
+        with self._lock, self._timeout(timeout_s):
+            while True:
+                if self._dirty or self._peer_closed():
+                    self._reopen(deadline)
+                    if timeout_s is not None:
+                        self._res.timeout = int(timeout_s * 1000)
+                self._pace()
+                try:
+                    return action()
+                except (visa_errors.Error, OSError, *errors) as exc:
+                    lost = self._peer_closed() or isinstance(exc, (ConnectionError, BrokenPipeError))
+                    self._dirty = True
+                    if lost and _pure_query(command) and not retried:
+                        retried = True  # asking again changes nothing on the instrument: once more,
+                        deadline = time.monotonic() + limit  # on a new connection, with its own deadline
+                        continue
+                    reason = "the instrument closed the connection" if lost else _why(exc)
+                    raise InstrumentIOError(self.name, command, f"{what}: {reason}") from None
+                except UnicodeDecodeError:
+                    self._dirty = True
+                    raise InstrumentIOError(self.name, command, "reply is not text") from None
+
     def write(self, command: str) -> None:
-        with self._lock:
-            self._pace()
-            try:
-                self._res.write(command)
-            except (visa_errors.Error, OSError) as exc:
-                raise InstrumentError(self.name, command, f"write failed: {_why(exc)}") from None
+        self._exchange(command, "write failed", lambda: self._res.write(command), None)
 
     @contextmanager
     def _timeout(self, timeout_s: float | None):
@@ -82,31 +149,19 @@ class VisaSession:
         if timeout_s is None:
             yield
             return
-        old = self._res.timeout
         self._res.timeout = int(timeout_s * 1000)
         try:
             yield
         finally:
-            self._res.timeout = old
+            self._res.timeout = int(self.timeout_s * 1000)
 
     def query(self, command: str, *, timeout_s: float | None = None) -> str:
-        with self._lock, self._timeout(timeout_s):
-            self._pace()
-            try:
-                return self._res.query(command).strip()
-            except (visa_errors.Error, OSError) as exc:
-                raise InstrumentError(self.name, command, f"no valid reply: {_why(exc)}") from None
-            except UnicodeDecodeError:
-                raise InstrumentError(self.name, command, "reply is not text") from None
+        return self._exchange(command, "no valid reply", lambda: self._res.query(command).strip(), timeout_s)
 
     def query_binary_floats(self, command: str, *, timeout_s: float | None = None) -> list[float]:
         """An IEEE 488.2 definite-length block of little-endian float32."""
-        with self._lock, self._timeout(timeout_s):
-            self._pace()
-            try:
-                return list(self._res.query_binary_values(command, datatype="f", is_big_endian=False))
-            except (visa_errors.Error, OSError, ValueError) as exc:
-                raise InstrumentError(self.name, command, f"no valid binary block: {_why(exc)}") from None
+        return self._exchange(command, "no valid binary block", lambda: list(
+            self._res.query_binary_values(command, datatype="f", is_big_endian=False)), timeout_s, (ValueError,))
 
     def close(self) -> None:
         with self._lock:
@@ -114,6 +169,12 @@ class VisaSession:
                 self._res.close()
             except (visa_errors.Error, OSError):
                 pass
+
+
+def _pure_query(command: str) -> bool:
+    """Every part of the line is a query (``*IDN?``, ``:SENS1:POW:UNIT?;:READ1:POW?``)."""
+    parts = [p.strip() for p in command.split(";") if p.strip()]
+    return bool(parts) and all(p.split(None, 1)[0].endswith("?") for p in parts)
 
 
 _SOCKET = re.compile(r"TCPIP\d*::([^:]+)::(\d+)::SOCKET", re.IGNORECASE)

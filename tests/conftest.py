@@ -57,12 +57,12 @@ def query_scpi(resource: str, command: bytes) -> str:
 
 
 @contextlib.contextmanager
-def serve_bench(bench_path, tmp_path, time_scale: float = 0.2):
-    """Serve a bench with `lumion-hil emulate`; yields (served bench file, switch resource,
-    the switch's baseline as it answers :OXC:SWIT:CONN:STAT?)."""
+def serve_bench(bench_path, tmp_path, time_scale: float = 0.2, *extra: str):
+    """Serve a bench with `lumion-hil emulate` (``extra``: more of its options); yields (served
+    bench file, switch resource, the switch's baseline as it answers :OXC:SWIT:CONN:STAT?)."""
     bench_out = tmp_path / f"served-{Path(bench_path).stem}.yaml"
     proc = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--bench", str(bench_path), "--time-scale",
-                             str(time_scale), "--bench-out", str(bench_out)],
+                             str(time_scale), "--bench-out", str(bench_out), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         switch = next(line for line in proc.stdout if line.startswith("ocs\t")).split("\t")[2].strip()

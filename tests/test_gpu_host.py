@@ -130,11 +130,19 @@ def test_ecc_double_bit_error_is_counted(session):
     assert health["ecc_uncorrected_volatile"] == 1 and health["remapped_rows"]["uncorrectable"] == 1
 
 
-def test_agent_that_dies_is_a_clear_error(session):
+def test_agent_that_dies_is_a_clear_error_or_is_started_again_for_a_read(session):
     agent = AgentClient("host3", session.emulated.agent_argv("host3"))
     agent._proc.kill()
     agent._proc.wait()
-    with pytest.raises(InstrumentError, match="host3: 'health': the agent is not running"):
+    with pytest.raises(InstrumentError, match="host3: 'job_stop': the agent is not running"):
+        agent.stop_job()  # it changes the host: never sent again blindly
+    agent._proc.kill()
+    agent._proc.wait()
+    assert agent.health()[0]["index"] == 0 and agent.restarts == 1  # a read: started again, asked again
+    agent.argv = ["no-such-python", "-m", "instruments.gpu_host.agent"]  # the host is gone for good
+    agent._proc.kill()
+    agent._proc.wait()
+    with pytest.raises(InstrumentError, match="host3: 'health': the agent is not running .*starting it again failed"):
         agent.health()
     agent.close()
 

@@ -80,7 +80,8 @@ class EmulatedBench:
 
     def set_fault(self, instrument: str, fault: str) -> None:
         """Switch a fault on in an emulated instrument: ``stall``, ``delay=30``, ``power_loss=2``
-        (see instruments/emulators/scpi.py FAULTS). ``power_loss`` happens once, now."""
+        (see instruments/emulators/scpi.py FAULTS). ``power_loss`` happens once, now: the call
+        returns with the power off, and it comes back on its own."""
         from instruments.emulators.scpi import FAULTS
 
         name, _, value = fault.partition("=")
@@ -124,8 +125,9 @@ def agent_argv(world_address: str, host, *extra: str) -> list[str]:
     """The agent of an emulated host served by the world at ``world_address``."""
     interfaces = ",".join(f"{n.interface or n.name}={n.name}" for n in host.nics)
     latency = ["--notify-latency-s", str(host.emulation.agent_latency_s)] if host.emulation.agent_latency_s else []
+    faults = [f"--fault={fault}" for fault in host.emulation.faults]
     return [sys.executable, "-m", "instruments.gpu_host.agent", "--world", world_address,
-            "--host", host.name, "--interfaces", interfaces, *latency, *extra]
+            "--host", host.name, "--interfaces", interfaces, *latency, *faults, *extra]
 
 
 def nccl_tests_folder(world_address: str) -> Path:

@@ -306,7 +306,7 @@ FAULTS = {
     "delay": "every reply comes DELAY seconds late (default 30: past any timeout)",
     "partial": "replies stop half-way, without their line end",
     "garbage": "replies are noise",
-    "errors": "every command also puts an error on the error queue",
+    "errors": "every command (but the error queue's and the * common ones) also puts an error on the queue",
     "out_of_range": "readings are the instrument's over-range sentinel",
     "busy": "set commands are refused: the instrument is busy",
     "power_loss": "the instrument loses power: connections drop, nothing answers for DOWN seconds "
@@ -450,7 +450,7 @@ class ScpiDevice:
             except ScpiError as exc:
                 self.push_error(exc.code, exc.message)
                 continue
-            if "errors" in self.faults:
+            if "errors" in self.faults and not self._reads_status(path, part):
                 self.push_error(*DEVICE_ERROR)
             if reply is not None:
                 replies.append(reply)
@@ -459,6 +459,13 @@ class ScpiDevice:
         if any(isinstance(r, bytes) for r in replies):  # an IEEE 488.2 block among the answers
             return b";".join(r if isinstance(r, bytes) else r.encode("ascii") for r in replies)
         return ";".join(replies)
+
+    @staticmethod
+    def _reads_status(path: list, part: str) -> bool:
+        """The error queue's own queries and the status commands: the ``errors`` fault follows
+        the other commands, so that reading or clearing the queue can empty it."""
+        header = part.split(None, 1)[0].upper()
+        return header.startswith("*") or ":ERR" in header or header.startswith("SYST") and "ERR" in header
 
     def _dispatch(self, text: str, path: list) -> tuple[str | bytes | None, list]:
         m = re.match(r"([^\s]*)\s*(.*)$", text, re.S)
@@ -566,6 +573,8 @@ class TcpScpiServer:
         self.wire_log: collections.deque = collections.deque(maxlen=1000)
         self._server.wire_log = self.wire_log  # type: ignore[attr-defined]
         self._thread: threading.Thread | None = None
+        self._power = threading.Lock()
+        self._closed = False
 
     def _make_server(self, host: str, port: int) -> _ThreadingServer:
         server = _ThreadingServer((host, port), _LineHandler)
@@ -596,6 +605,11 @@ class TcpScpiServer:
         return self
 
     def stop(self) -> None:
+        with self._power:
+            self._closed = True
+            self._shutdown()
+
+    def _shutdown(self) -> None:
         self._server.shutdown()
         for conn in list(self._server.connections):  # type: ignore[attr-defined]
             try:
@@ -605,15 +619,22 @@ class TcpScpiServer:
         self._server.server_close()
 
     def power_loss(self, down_s: float = 1.0) -> None:
-        """Cut the power: every connection drops, nothing listens for ``down_s``, then the
-        instrument comes back on the same address in its power-on state (as if its process
-        were killed and started again)."""
+        """Cut the power now: every connection drops and nothing listens; ``down_s`` later the
+        instrument comes back on the same address in its power-on state (as if its process were
+        killed and started again). Returns at once; the comeback happens on its own."""
         port = self.port
-        self.stop()
+        with self._power:
+            self._shutdown()
         self.device.power_on()
-        time.sleep(down_s)
-        self._server = self._make_server(self.host, port)
-        self.start()
+
+        def come_back() -> None:
+            time.sleep(down_s)  # the instrument boots for this long
+            with self._power:
+                if not self._closed:  # the bench was stopped meanwhile: stay off
+                    self._server = self._make_server(self.host, port)
+                    self.start()
+
+        threading.Thread(target=come_back, name=f"scpi-{self.device.name}-boot", daemon=True).start()
 
 
 class PtyLineServer:

@@ -30,13 +30,29 @@ from instruments.gpu_host.nvml_backend import NvmlGpus
 VERSION = 1
 
 
+# What an emulated host's agent can be made to do wrong (instruments/emulators/scpi.py FAULTS has
+# the same names): its link to the harness as an ssh session or a host can fail it.
+AGENT_FAULTS = {
+    "drop": "the session ends when the next request arrives (the agent exits, its job stopped)",
+    "stall": "requests are never answered",
+    "delay": "every reply comes DELAY seconds late (default 30)",
+    "partial": "replies stop half-way, without their line end",
+    "garbage": "replies are noise",
+    "errors": "every request fails with an error reply",
+    "power_loss": "the host loses power: the agent and its job are killed at once",
+}
+
+
 class Agent:
-    def __init__(self, gpus: NvmlGpus, links, jobs: JobControl, clock_ns, backend: str):
+    def __init__(self, gpus: NvmlGpus, links, jobs: JobControl, clock_ns, backend: str,
+                 faults: dict[str, float | None] | None = None):
         self.gpus, self.links, self.jobs = gpus, links, jobs
         self.clock_ns = clock_ns
         self.backend = backend
         self._out_lock = threading.Lock()
         self._stop = threading.Event()
+        # Faults exist only on an emulated host (None: a real one, where nobody can set them).
+        self.faults = faults
 
     # -- requests ---------------------------------------------------------------------------------
 
@@ -103,24 +119,52 @@ class Agent:
     def rpc_bye(self) -> None:
         self._stop.set()
 
+    def rpc_fault(self, name: str, value: float | None = None) -> dict:
+        """Emulated hosts only: switch on one of AGENT_FAULTS (the reply to this request is sent)."""
+        if self.faults is None:
+            raise ValueError("faults can be set only on an emulated host's agent")
+        if name not in AGENT_FAULTS:
+            raise ValueError(f"unknown fault {name!r}; known: {', '.join(AGENT_FAULTS)}")
+        self.faults[name] = value
+        return dict(self.faults)
+
+    def rpc_clear_faults(self) -> dict:
+        if self.faults is None:
+            raise ValueError("faults can be set only on an emulated host's agent")
+        self.faults.clear()
+        return {}
+
     # -- loop ------------------------------------------------------------------------------------
 
-    def _reply(self, message: dict) -> None:
+    def _reply(self, message: dict, faulty: bool = True) -> None:
+        faults = self.faults if faulty and self.faults else {}
+        if "stall" in faults:
+            return
+        if "errors" in faults:
+            message = {"id": message.get("id"), "ok": False,
+                       "error": {"type": "DeviceError", "message": "emulated fault: the host failed the request"}}
+        if "delay" in faults:
+            time.sleep(faults["delay"] if faults["delay"] is not None else 30.0)
         message["clock_ns"] = self.clock_ns()
         data = wire.encode(message)
+        if "garbage" in faults:
+            data = b"\x7f#!garbage?%\n"
+        if "partial" in faults:
+            data = data[: len(data) // 2]
         with self._out_lock:
             sys.stdout.buffer.write(data)
             sys.stdout.buffer.flush()
 
     def _handle(self, request: dict) -> None:
         rid = request.get("id")
+        faulty = request.get("method") not in ("fault", "clear_faults")  # a test can always clear them
         try:
             method = getattr(self, f"rpc_{request['method']}", None)
             if method is None:
                 raise LookupError(f"unknown method {request['method']!r}")
-            self._reply({"id": rid, "ok": True, "result": method(**request.get("params", {}))})
+            self._reply({"id": rid, "ok": True, "result": method(**request.get("params", {}))}, faulty)
         except Exception as exc:
-            self._reply({"id": rid, "ok": False, "error": {"type": type(exc).__name__, "message": str(exc)}})
+            self._reply({"id": rid, "ok": False, "error": {"type": type(exc).__name__, "message": str(exc)}}, faulty)
             if not isinstance(exc, (LookupError, ValueError, TypeError)):
                 traceback.print_exc(file=sys.stderr)
 
@@ -134,6 +178,12 @@ class Agent:
                 except ValueError as exc:
                     self._reply({"id": None, "ok": False, "error": {"type": "BadRequest", "message": str(exc)}})
                     continue
+                if self.faults and request.get("method") not in ("fault", "clear_faults"):
+                    if "power_loss" in self.faults:  # everything on the host dies at once
+                        self.jobs.kill()
+                        os._exit(137)
+                    if "drop" in self.faults:  # the session ends; the agent leaves as it does on EOF
+                        break
                 threading.Thread(target=self._handle, args=(request,), daemon=True).start()
                 if request.get("method") == "bye":
                     break
@@ -151,10 +201,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log-dir", default="/tmp/lumion-hil-agent", help="job logs")
     parser.add_argument("--notify-latency-s", type=float, default=0.0,
                         help="emulated: how late the kernel tells the agent of a link change (a defect)")
+    parser.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]",
+                        help="emulated: start with this fault on (" + ", ".join(AGENT_FAULTS) + ")")
     parser.add_argument("--clock-offset-ns", type=int, default=0,
                         help="add this to every clock reading (tests of the harness's clock mapping)")
     args = parser.parse_args(argv)
     offset = args.clock_offset_ns
+    faults: dict[str, float | None] = {}
+    for fault in args.fault:
+        name, _, value = fault.partition("=")
+        if name not in AGENT_FAULTS:
+            parser.error(f"--fault {fault}: unknown fault {name!r}; known: {', '.join(AGENT_FAULTS)}")
+        try:
+            faults[name] = float(value) if value else None
+        except ValueError:
+            parser.error(f"--fault {fault}: {value!r} is not a number of seconds")
+    if faults and not args.world:
+        parser.error("--fault is for emulated hosts (with --world) only")
 
     def clock_ns() -> int:
         return time.monotonic_ns() + offset
@@ -170,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
         agent = Agent(NvmlGpus(FakeNvml(world, args.host), clock_ns),
                       WorldLinks(world, args.host, interfaces, clock_ns, args.notify_latency_s),
                       JobControl(args.log_dir, clock_ns, offset, read_latency_s=args.notify_latency_s), clock_ns,
-                      "emulated")
+                      "emulated", faults)
     else:
         agent = Agent(NvmlGpus(clock_ns=clock_ns), SysfsLinks(args.sysfs, clock_ns),
                       JobControl(args.log_dir, clock_ns, offset), clock_ns, "nvml")

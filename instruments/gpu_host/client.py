@@ -11,7 +11,11 @@ import threading
 import time
 
 from instruments.gpu_host import wire
-from instruments.protocols import ClockMapping, GpuHost, InstrumentError
+from instruments.protocols import ClockMapping, GpuHost, InstrumentError, InstrumentIOError
+
+# Calls that only read the host: after the agent's session is lost, the client starts it again and
+# asks once more (nothing on the host changes by asking twice).
+READ_ONLY = frozenset({"hello", "clock", "devices", "health", "links", "link", "job_status", "job_steps"})
 
 
 def local_agent_argv(python: str = sys.executable, *extra: str) -> list[str]:
@@ -22,6 +26,13 @@ def ssh_agent_argv(destination: str, python: str = "python3") -> list[str]:
     """The agent on another host: lumion-hil must be installed there for ``python``."""
     return ["ssh", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", destination,
             python, "-m", "instruments.gpu_host.agent"]
+
+
+class _Gone(Exception):
+    """The agent's process ended (its session was lost)."""
+
+    def __init__(self, error: InstrumentIOError):
+        self.error = error
 
 
 class AgentClient(GpuHost):
@@ -35,12 +46,10 @@ class AgentClient(GpuHost):
         self._lock = threading.Lock()
         self._stderr: collections.deque[str] = collections.deque(maxlen=30)
         self._write_lock = threading.Lock()
-        try:
-            self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        except OSError as exc:
-            raise InstrumentError(name, " ".join(argv[:3]), f"cannot start the agent: {exc.strerror or exc}") from None
-        threading.Thread(target=self._read, daemon=True, name=f"agent-{name}").start()
-        threading.Thread(target=self._drain_stderr, daemon=True, name=f"agent-{name}-err").start()
+        self._start_lock = threading.Lock()
+        self._not_replies: collections.deque[bytes] = collections.deque(maxlen=5)
+        self.restarts = 0
+        self._start()
         try:
             self.hello = self.call("hello")
             self.clock = self.sync_clock()
@@ -50,12 +59,55 @@ class AgentClient(GpuHost):
 
     # -- transport ------------------------------------------------------------------------------
 
-    def _read(self) -> None:
-        for line in self._proc.stdout:
+    def _start(self) -> None:
+        try:
+            self._proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE)
+        except OSError as exc:
+            raise InstrumentError(self.name, " ".join(self.argv[:3]),
+                                  f"cannot start the agent: {exc.strerror or exc}") from None
+        proc = self._proc
+        threading.Thread(target=self._read, args=(proc,), daemon=True, name=f"agent-{self.name}").start()
+        threading.Thread(target=self._drain_stderr, args=(proc,), daemon=True, name=f"agent-{self.name}-err").start()
+
+    def _restart(self, method: str) -> None:
+        """The agent's session was lost (ssh dropped, host rebooted): start it again."""
+        with self._start_lock:
+            old = self._proc
             try:
-                reply = wire.decode(line)
+                old.wait(timeout=2)  # its output has ended: it is on its way out
+            except subprocess.TimeoutExpired:
+                old.kill()
+                old.wait(timeout=5)
+            if self._proc is not old:
+                return  # another caller already started a new one
+            self._start()
+            self.restarts += 1
+            self.clock = self.sync_clock()
+
+    def _decode(self, line: bytes) -> dict | None:
+        """A reply line; a line that starts with the rest of a broken one is read from the first
+        reply that begins inside it."""
+        try:
+            return wire.decode(line)
+        except ValueError:
+            pass
+        start = line.find(b'{"id":', 1)
+        while start > 0:
+            try:
+                reply = wire.decode(line[start:])
             except ValueError:
-                self._stderr.append(f"(not a reply) {line[:200]!r}")
+                start = line.find(b'{"id":', start + 1)
+                continue
+            self._not_replies.append(line[:start])
+            return reply
+        self._not_replies.append(line)
+        return None
+
+    def _read(self, proc) -> None:
+        for line in proc.stdout:
+            reply = self._decode(line)
+            if reply is None:
                 continue
             with self._lock:
                 slot = self._pending.get(reply.get("id"))
@@ -67,12 +119,29 @@ class AgentClient(GpuHost):
             for slot in self._pending.values():
                 slot[0].set()
 
-    def _drain_stderr(self) -> None:
-        for line in self._proc.stderr:
+    def _drain_stderr(self, proc) -> None:
+        for line in proc.stderr:
             self._stderr.append(line.decode("utf-8", "replace").rstrip())
 
     def call_timed(self, method: str, reply_within_s: float | None = None, **params) -> tuple[object, int, int, int]:
-        """(result, agent clock at reply, harness time sent, harness time received)."""
+        """(result, agent clock at reply, harness time sent, harness time received). A read-only
+        call whose agent is gone starts it again and asks once more."""
+        try:
+            return self._call_once(method, reply_within_s, params)
+        except _Gone as gone:
+            if method not in READ_ONLY:
+                raise gone.error from None
+            try:
+                self._restart(method)
+            except InstrumentError as exc:
+                raise InstrumentIOError(self.name, method, f"{gone.error.reason}; starting it again failed: "
+                                        f"{exc.reason}") from None
+            try:
+                return self._call_once(method, reply_within_s, params)
+            except _Gone as again:
+                raise again.error from None
+
+    def _call_once(self, method: str, reply_within_s: float | None, params: dict) -> tuple[object, int, int, int]:
         rid = next(self._ids)
         slot = [threading.Event(), None, None]
         with self._lock:
@@ -85,16 +154,18 @@ class AgentClient(GpuHost):
         except (BrokenPipeError, OSError):
             with self._lock:
                 self._pending.pop(rid, None)
-            raise self._gone(method) from None
+            raise _Gone(self._gone(method)) from None
         limit = self.timeout_s if reply_within_s is None else reply_within_s
         answered = slot[0].wait(limit)
         with self._lock:
             self._pending.pop(rid, None)
         if not answered:
-            raise InstrumentError(self.name, method, f"no reply from the agent within {limit:g} s")
+            junk = f"; it sent what is not a reply: {self._not_replies[-1][:80]!r}" if self._not_replies else ""
+            self._not_replies.clear()
+            raise InstrumentIOError(self.name, method, f"no reply from the agent within {limit:g} s{junk}")
         reply = slot[1]
         if reply is None:
-            raise self._gone(method)
+            raise _Gone(self._gone(method))
         if not reply.get("ok"):
             err = reply.get("error", {})
             raise InstrumentError(self.name, method, f"agent error {err.get('type')}: {err.get('message')}")
@@ -104,10 +175,13 @@ class AgentClient(GpuHost):
         """Call an agent method; ``reply_within_s`` bounds the wait for its reply."""
         return self.call_timed(method, reply_within_s, **params)[0]
 
-    def _gone(self, method: str) -> InstrumentError:
-        code = self._proc.poll()
+    def _gone(self, method: str) -> InstrumentIOError:
+        try:
+            code = self._proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            code = None
         tail = " | ".join(list(self._stderr)[-5:]) or "no output"
-        return InstrumentError(self.name, method, f"the agent is not running (exit {code}): {tail}")
+        return InstrumentIOError(self.name, method, f"the agent is not running (exit {code}): {tail}")
 
     # -- clock ----------------------------------------------------------------------------------
 

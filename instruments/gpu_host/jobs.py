@@ -130,6 +130,15 @@ class JobControl:
             pass
         return self.status()
 
+    def kill(self) -> None:
+        """SIGKILL the job's process group now (the host lost power)."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def status(self) -> dict:
         with self._changed:
             proc = self._proc
