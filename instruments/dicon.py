@@ -1,10 +1,12 @@
-"""DiCon-style serial matrix optical switch (RS-232, 115200 8N1, lines end in \\n).
+"""DiCon GP600-class serial matrix optical switch in its X1 configuration (RS-232, 115200 8N1,
+lines end in \\n).
 
-``X1 CH <in> <out>`` connects, ``X1 CH? <in>`` answers the output an input is on (0: parked),
-``X1 CH * 0`` parks all. Assumed where public documents are silent, and checked by reading back:
-set commands answer nothing, and the switch handles one command at a time, so the answer to the
-``CH?`` that follows a move comes once the mirror has settled (that answer is the completion
-signal). A move whose read-back differs is an error naming both.
+``X1 CH <in> <out>`` connects, ``X1 CH <in>?`` answers ``<in>,<out>`` (0: parked), ``X1 CH * 0``
+parks all, ``SYST:ERR?`` reads the error queue (``+0, No Error`` when empty): the command set a
+published GP600 driver uses. Set commands answer nothing, and the switch handles one command at a
+time, so the answer to the ``SYST:ERR?`` that follows a move comes once the mirror has settled
+(that answer is the completion signal); the move is then read back. A refused move is an error
+naming what the switch reported; a read-back that differs is an error naming both.
 
 Bench port numbers follow the optical-switch convention (ingress 1..N, egress N+1..N+M); on the
 wire outputs are 1..M, so the driver maps between them.
@@ -12,6 +14,7 @@ wire outputs are 1..M, so the driver maps between them.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Iterable
@@ -96,12 +99,28 @@ class DiconMatrix(OpticalSwitch):
             return self._readline(line)
 
     def _output_of(self, ingress: int) -> int:
-        command = f"X{self.module} CH? {ingress}"
+        command = f"X{self.module} CH {ingress}?"
         reply = self._query(command)
-        if not reply.isdigit():
+        m = re.fullmatch(r"(\d+)\s*,\s*(\d+)", reply)
+        if not m or int(m.group(1)) != ingress:
             self._dirty = True
-            raise InstrumentIOError(self.name, command, "unexpected reply (expected an output number)", reply)
-        return int(reply)
+            raise InstrumentIOError(self.name, command, f"unexpected reply (expected '{ingress},<output>')", reply)
+        return int(m.group(2))
+
+    def _check_errors(self, after: str) -> None:
+        """Empty the error queue; anything on it is the switch refusing ``after``."""
+        found = []
+        for _ in range(32):  # the queue holds a bounded number of entries
+            reply = self._query("SYST:ERR?")
+            m = re.fullmatch(r"([+-]?\d+)\s*,\s*(.*)", reply)
+            if not m:
+                self._dirty = True
+                raise InstrumentIOError(self.name, "SYST:ERR?", "unexpected reply (expected '<code>, <message>')", reply)
+            if int(m.group(1)) == 0:
+                break
+            found.append(f"{int(m.group(1))} {m.group(2).strip()}")
+        if found:
+            raise InstrumentError(self.name, after, f"instrument reported: {'; '.join(found)}")
 
     def _to_wire(self, ingress: int, egress: int) -> tuple[int, int]:
         if not 1 <= ingress <= self.ingress:
@@ -116,6 +135,7 @@ class DiconMatrix(OpticalSwitch):
             if self._dirty:
                 self._resync()
             self._write(command)
+            self._check_errors(command)
             now_on = self._output_of(ingress)
         if now_on != wire_out:
             raise InstrumentError(self.name, command, f"read back output {now_on}, expected {wire_out}")
@@ -152,6 +172,7 @@ class DiconMatrix(OpticalSwitch):
     def disconnect_all(self) -> None:
         with self._lock:
             self._write(f"X{self.module} CH * 0")
+            self._check_errors(f"X{self.module} CH * 0")
             if self.connections():
                 raise InstrumentError(self.name, f"X{self.module} CH * 0", "outputs still connected after parking all")
 

@@ -1,4 +1,4 @@
-"""The DiCon-style serial matrix: dialogues on a pseudo-terminal through pyserial, the same cases
+"""The DiCon GP600-class serial matrix: dialogues on a pseudo-terminal through pyserial, the same cases
 against its emulator, and its errors."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from instruments.emulators.bench import EmulatedBench
 from instruments.protocols import InstrumentError
 from conftest import BENCHES
 
-ALL_PARKED = [(f"X1 CH? {i}", "0") for i in range(1, 17)]
+ALL_PARKED = [(f"X1 CH {i}?", f"{i},0") for i in range(1, 17)]
+OK = ("SYST:ERR?", "+0, No Error")
 
 
 @dataclass
@@ -32,20 +33,23 @@ class Case:
 
 
 CASES = [
-    Case("identify", lambda sw: sw.identify(), [("*IDN?", "DiCon,MX-16x16,000123,1.0")],
-         check=lambda i: i.vendor == "DiCon", exact_replies=False),
-    Case("connect reads back", lambda sw: sw.connect([(3, 22)]), [("X1 CH 3 6", None), ("X1 CH? 3", "6")],
+    Case("identify", lambda sw: sw.identify(), [("*IDN?", "Dicon Fiberoptics Inc, GP600, 19A0M10D0117, 7.0")],
+         check=lambda i: i.vendor == "Dicon Fiberoptics Inc" and i.model == "GP600", exact_replies=False),
+    Case("connect reads back", lambda sw: sw.connect([(3, 22)]), [("X1 CH 3 6", None), OK, ("X1 CH 3?", "3,6")],
          world_after=lambda w: w.connections() == {3: 22} and w.port_power_dbm(22) is not None),
-    Case("disconnect parks", lambda sw: sw.disconnect([(3, 22)]), [("X1 CH 3 0", None), ("X1 CH? 3", "0")],
+    Case("disconnect parks", lambda sw: sw.disconnect([(3, 22)]), [("X1 CH 3 0", None), OK, ("X1 CH 3?", "3,0")],
          setup=lambda w: w.connect([(3, 22)]), world_after=lambda w: w.connections() == {}),
     Case("connections", lambda sw: sw.connections(),
-         [(q, "6" if q == "X1 CH? 3" else "0") for q, _ in ALL_PARKED],
+         [(q, "3,6" if q == "X1 CH 3?" else r) for q, r in ALL_PARKED],
          setup=lambda w: w.connect([(3, 22)]), check=lambda r: r == {3: 22}),
-    Case("park all", lambda sw: sw.disconnect_all(), [("X1 CH * 0", None), *ALL_PARKED],
+    Case("park all", lambda sw: sw.disconnect_all(), [("X1 CH * 0", None), OK, *ALL_PARKED],
          setup=lambda w: w.connect([(3, 22), (4, 17)]), world_after=lambda w: w.connections() == {}),
-    Case("read-back mismatch is an error", lambda sw: sw.connect([(3, 22)]), [("X1 CH 3 6", None), ("X1 CH? 3", "0")],
-         raises="read back output 0, expected 6", emulated=False),
-    Case("error reply is an error", lambda sw: sw.connect([(3, 22)]), [("X1 CH 3 6", None), ("X1 CH? 3", "ERR")],
+    Case("read-back mismatch is an error", lambda sw: sw.connect([(3, 22)]),
+         [("X1 CH 3 6", None), OK, ("X1 CH 3?", "3,0")], raises="read back output 0, expected 6", emulated=False),
+    Case("a refused move is an error naming what the switch said", lambda sw: sw.connect([(3, 22)]),
+         [("X1 CH 3 6", None), ("SYST:ERR?", "-200, Execution error; busy"), OK],
+         raises="instrument reported: -200 Execution error; busy", emulated=False),
+    Case("error reply is an error", lambda sw: sw.connect([(3, 22)]), [("X1 CH 3 6", None), OK, ("X1 CH 3?", "ERR")],
          raises="unexpected reply", emulated=False),
     Case("a port outside the matrix is refused before anything is sent", lambda sw: sw.connect([(3, 40)]), [],
          raises="40 is not an egress port"),
@@ -105,7 +109,7 @@ def test_same_case_against_the_emulator(case, serial_bench):
 def test_silent_switch_times_out_with_a_clear_error(serial_bench):
     serial_bench.emulators["ocs"].faults["stall"] = None
     switch = _open(serial_bench.resources["ocs"], timeout_s=0.3)
-    with pytest.raises(InstrumentError, match=r"ocs: 'X1 CH\? 1': no valid reply: timed out"):
+    with pytest.raises(InstrumentError, match=r"ocs: 'X1 CH 1\?': no valid reply: timed out"):
         switch.connections()
     switch.close()
 

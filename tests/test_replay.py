@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import serial
 
 from harness.config import load_bench
 from instruments.emulators.bench import EmulatedBench
@@ -38,6 +39,7 @@ class Transcript:
     instrument: str
     errors: str
     sources: list[Source]
+    bench: Path
 
 
 def parse(path: Path) -> Transcript:
@@ -59,25 +61,40 @@ def parse(path: Path) -> Transcript:
                 settings[key] = value
             continue
         command, sep, expect = raw.partition(" => ")
+        command = command.encode().decode("unicode_escape")  # "\n" inside a command: the script's own
         sources[-1].steps.append(Step(number, command, expect if sep else None))
-    return Transcript(settings["instrument"], settings["errors"], sources)
+    return Transcript(settings["instrument"], settings["errors"], sources,
+                      (REPLAY / settings.get("bench", "bench.yaml")).resolve())
 
 
 TRANSCRIPTS = {p.stem: parse(p) for p in sorted(REPLAY.glob("*.txt"))}
 
 
 class Wire:
-    """A raw socket to the emulated instrument: bytes out exactly as given, lines back."""
+    """A raw socket (or serial port) to the emulated instrument: bytes out exactly as given,
+    lines back."""
 
     def __init__(self, resource: str):
-        port = int(resource.split("::")[2])
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.sock = self.port = None
+        if resource.upper().startswith("TCPIP"):
+            self.sock = socket.create_connection(("127.0.0.1", int(resource.split("::")[2])), timeout=2)
+        else:
+            self.port = serial.Serial(resource, timeout=2)
         self.buffer = b""
 
     def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
+        if self.sock:
+            self.sock.sendall(data)
+        else:
+            self.port.write(data)
 
     def _fill(self) -> None:
+        if self.port:
+            chunk = self.port.read(max(1, self.port.in_waiting))
+            if not chunk:
+                raise TimeoutError("no reply")
+            self.buffer += chunk
+            return
         chunk = self.sock.recv(65536)
         if not chunk:
             raise ConnectionError("the instrument closed the connection")
@@ -108,6 +125,9 @@ class Wire:
 
     def pending(self) -> bytes:
         """Whatever arrived unasked (a reply to a command that should have had none)."""
+        if self.port:
+            self.buffer += self.port.read(self.port.in_waiting)
+            return self.buffer
         self.sock.setblocking(False)
         try:
             self._fill()
@@ -119,13 +139,16 @@ class Wire:
         return self.buffer
 
     def close(self) -> None:
-        self.sock.close()
+        (self.sock or self.port).close()
 
 
 @pytest.fixture(scope="module")
-def replay_bench():
-    with EmulatedBench(load_bench(REPLAY / "bench.yaml")) as emulated:
-        yield emulated
+def benches():
+    """The emulated benches the transcripts name, each started once."""
+    started: dict[Path, EmulatedBench] = {}
+    yield lambda path: started.get(path) or started.setdefault(path, EmulatedBench(load_bench(path)).start())
+    for emulated in started.values():
+        emulated.stop()
 
 
 def _fresh(bench: EmulatedBench, instrument: str) -> None:
@@ -158,8 +181,9 @@ def _check(wire: Wire, step: Step, where: str, errors: str, eol: bytes) -> None:
 
 
 @pytest.mark.parametrize("model", sorted(TRANSCRIPTS))
-def test_replayed_commands_get_the_vendors_answers(replay_bench, model):
+def test_replayed_commands_get_the_vendors_answers(benches, model):
     transcript = TRANSCRIPTS[model]
+    replay_bench = benches(transcript.bench)
     resource = replay_bench.resources[transcript.instrument]
     wrong = []
     for source in transcript.sources:

@@ -69,8 +69,8 @@ class EmulatedBench:
             from instruments.emulators.dicon import DiconEmulator
 
             device = DiconEmulator(name, spec, self.world, seed=seed)
-            return device, PtyLineServer(device.handle_line, name, eol=b"\n", faults=device.faults,
-                                         power_on=device.power_on)
+            return device, PtyLineServer(device.handle_line, name, eol=b"\r\n", faults=device.faults,
+                                         power_on=device.power_on, any_eol=True)
         raise ValueError(f"{name}: no emulator for model {spec.model!r}")
 
     @property

@@ -645,10 +645,11 @@ class PtyLineServer:
     while it is down and the device is reset."""
 
     def __init__(self, handle_line: Callable[[str], "str | None"], name: str, eol: bytes = b"\n",
-                 faults: dict | None = None, power_on: Callable[[], None] | None = None):
+                 faults: dict | None = None, power_on: Callable[[], None] | None = None, any_eol: bool = False):
         self._handle_line = handle_line
         self.name = name
         self.eol = eol
+        self.any_eol = any_eol  # lines may end in CR, LF or CR LF (answers still end in ``eol``)
         self.faults = faults if faults is not None else {}
         self._power_on = power_on
         self._down_until = 0.0
@@ -685,8 +686,16 @@ class PtyLineServer:
                 buffer = b""  # no power: what arrives is lost
                 continue
             buffer += chunk
-            while self.eol in buffer:
-                line, buffer = buffer.split(self.eol, 1)
+            while True:
+                if self.any_eol:
+                    m = re.search(rb"\r\n|\r|\n", buffer)
+                    if not m:
+                        break
+                    line, buffer = buffer[:m.start()], buffer[m.end():]
+                elif self.eol in buffer:
+                    line, buffer = buffer.split(self.eol, 1)
+                else:
+                    break
                 if "drop" in self.faults:  # a serial line has no connection to drop: it goes silent
                     continue
                 reply = self._handle_line(line.decode("ascii", "replace").strip("\r\n"))
