@@ -82,6 +82,24 @@ def test_thorlabspm100_package(pm100):
         inst.close()
 
 
+def test_pyvisa_with_its_default_write_termination(bench):
+    """Many scripts leave pyvisa's defaults: commands end in CR LF. A raw socket carries no
+    end-of-message mark (unlike GPIB, USBTMC or VXI-11), so with a real instrument's socket as with
+    this one a script must give the read termination: only that is set."""
+    rm = pyvisa.ResourceManager("@py")
+    meter = rm.open_resource(bench.resources["pm-lab"], timeout=2000)
+    try:
+        assert meter.write_termination == "\r\n"
+        meter.read_termination = "\n"
+        assert meter.query("*IDN?").strip().startswith("Keysight Technologies,N7744A")
+        assert meter.query(":SENS1:POW:UNIT?").strip() == "+0"
+        block = meter.query_binary_values(":FETC:POW:ALL?", datatype="f", is_big_endian=False)
+        assert len(block) == 4
+        assert meter.query(":SYST:ERR?").strip() == '+0,"No error"'
+    finally:
+        meter.close()
+
+
 def test_pyvisa_as_scripts_open_it_and_binary_blocks(bench):
     """Default terminations from the resource string alone would leave reads waiting; scripts set
     them, then read logging blocks with query_binary_values."""
