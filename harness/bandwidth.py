@@ -85,7 +85,7 @@ def observe_step_rate(session, ranks: list[str], intervals: int = 3, timeout_s: 
     """Wait for ``intervals + 1`` more steps of the running job and time them by when the agent
     saw each."""
     lead = session.hosts[ranks[0]]
-    timeout = session.bench.deadlines.recovery_s if timeout_s is None else timeout_s
+    timeout = session.bench.waits.recovery_s if timeout_s is None else timeout_s
     start = lead.job_status()["progress"].get("step", 0)
     status = lead.wait_step(start + intervals + 1, timeout)
     if not status.get("reached"):

@@ -283,12 +283,30 @@ class Limits(_Model):
 
 
 class Deadlines(_Model):
-    """Every wait has one: nothing the harness does waits for ever."""
+    """Every wait has one: nothing the harness does waits for ever. These are for real time; on
+    an emulated bench run at another time scale the harness waits ``at_scale`` of them."""
 
     opc_s: PositiveFloat = 10.0
     light_s: PositiveFloat = 5.0
     link_up_s: PositiveFloat = 30.0
     recovery_s: PositiveFloat = 120.0
+    io_allowance_s: NonNegativeFloat = Field(0.5, description="real time added to each deadline when emulated "
+                                             "latencies are scaled: the commands' round trips do not shrink with them")
+
+    WAITS: ClassVar[tuple[str, ...]] = ("opc_s", "light_s", "link_up_s", "recovery_s")
+
+    def at_scale(self, scale: float) -> "Deadlines":
+        """Each deadline times ``scale``, plus the I/O allowance (unchanged at scale 1)."""
+        if scale == 1.0:
+            return self
+        return self.model_copy(update={k: getattr(self, k) * scale + self.io_allowance_s for k in self.WAITS})
+
+    def describe(self, scale: float) -> dict:
+        """For the run record: the deadlines waited on, and how they were derived."""
+        waits = self.at_scale(scale)
+        how = "as in the bench file" if scale == 1.0 else \
+            f"bench file x time scale {scale:g} + {self.io_allowance_s:g} s I/O allowance"
+        return {**{k: getattr(waits, k) for k in self.WAITS}, "derived": how}
 
 
 class Safety(_Model):
@@ -404,6 +422,11 @@ class Bench(_Model):
         one it was served with; a real bench runs at 1."""
         served = any(h.world_address for h in self.topology.hosts)
         return self.emulator.time_scale if (self.any_emulated or served) else 1.0
+
+    @property
+    def waits(self) -> Deadlines:
+        """The deadlines the harness waits on at this bench's time scale (see Deadlines)."""
+        return self.deadlines.at_scale(self.time_scale)
 
     @property
     def any_emulated(self) -> bool:

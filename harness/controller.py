@@ -201,19 +201,19 @@ class ReferenceController(RecoveryController):
     def disarm(self) -> None:
         self._stop.set()
         for thread in self._threads:
-            thread.join(timeout=_WATCH_WINDOW_S * 4 + self.session.bench.deadlines.opc_s)
+            thread.join(timeout=_WATCH_WINDOW_S * 4 + self.session.bench.waits.opc_s)
         self._threads.clear()
 
     # -- recover ---------------------------------------------------------------------------------
 
     def recover(self, fault_ns: int | None = None) -> RecoveryResult:
-        deadlines = self.bench.deadlines
+        deadlines = self.bench.waits
         result = RecoveryResult("failed")
         give_up = self._give_up = time.monotonic() + deadlines.recovery_s
         try:
             with self._phase(result, "detect", fault_ns) as marks:
                 if not self._found.wait(deadlines.recovery_s):
-                    result.reason = f"no failure detected within {deadlines.recovery_s:g} s"
+                    result.reason = f"no failure detected within {self._deadline('recovery_s')}"
                     return result
                 result.detection = self._first_detection()
                 marks["end"] = result.detection.t_ns
@@ -267,7 +267,7 @@ class ReferenceController(RecoveryController):
 
     def _apply(self, result: RecoveryResult, plan: Plan, give_up: float, record: bool = True) -> None:
         """Rewire, then check light and carrier on the new paths."""
-        deadlines = self.bench.deadlines
+        deadlines = self.bench.waits
         phase = self._phase if record else self._no_phase
         with phase(result, "switch"), critical():  # never half rewired
             if plan.remove:
@@ -289,11 +289,16 @@ class ReferenceController(RecoveryController):
         order = {"xid": 0, "link_down": 1, "agent_lost": 2, "job_exit": 3}
         return min(self._detected, key=lambda d: (d.t_ns, order.get(d.kind, 9)))
 
-    @staticmethod
-    def _left(give_up: float) -> float:
+    def _deadline(self, name: str) -> str:
+        """A deadline as waited, and where it came from."""
+        waited, written, scale = getattr(self.bench.waits, name), getattr(self.bench.deadlines, name), self.bench.time_scale
+        how = "" if scale == 1.0 else f" x time scale {scale:g} + {self.bench.deadlines.io_allowance_s:g} s I/O allowance"
+        return f"{waited:.3g} s (deadlines.{name} {written:g} s{how})"
+
+    def _left(self, give_up: float) -> float:
         left = give_up - time.monotonic()
         if left <= 0:
-            raise RecoveryError("the recovery deadline (deadlines.recovery_s) passed")
+            raise RecoveryError(f"the recovery deadline passed: {self._deadline('recovery_s')}")
         return left
 
     @contextmanager

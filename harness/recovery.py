@@ -142,7 +142,7 @@ def migrate_to_reserved_rack(session, ranks: list[str]) -> dict:
     # The reserved rack has no optical fabric: its servers talk over the electrical network.
     control.start(argv, {"rank": 0}, session.fabric_env(ranks[0], "electrical"))
     try:
-        status = control.wait_step(2, session.bench.deadlines.recovery_s)
+        status = control.wait_step(2, session.bench.waits.recovery_s)
         if not status["reached"]:
             raise RuntimeError(f"the job did not step on the reserved rack: {status['last_lines']}")
         steps = control.steps()

@@ -59,7 +59,7 @@ class BenchSession:
         for name, spec in self.bench.instruments.items():
             resource = self.emulated.resources[name] if spec.emulated else spec.resource
             self.resources[name] = resource
-            driver = open_driver(name, spec, resource, opc_timeout_s=self.bench.deadlines.opc_s)
+            driver = open_driver(name, spec, resource, opc_timeout_s=self.bench.waits.opc_s)
             self.drivers[name] = driver
             # Every instrument command runs to its reply: an interrupt waits for it (harness/interrupts.py).
             recorded = self.timeline.recorded(driver, name, guard=critical)
@@ -68,7 +68,7 @@ class BenchSession:
             elif isinstance(spec, MeterInstrument):
                 self.meters[name] = recorded
         for host in self.bench.topology.hosts:
-            self.hosts[host.name] = AgentClient(host.name, self._agent_argv(host), timeout_s=self.bench.deadlines.opc_s)
+            self.hosts[host.name] = AgentClient(host.name, self._agent_argv(host), timeout_s=self.bench.waits.opc_s)
         if restore:
             self.restore_baseline()
 

@@ -33,13 +33,13 @@ def story(bench, bench_file):
     bench.restore_baseline()
     out = {"before": run_sweep(bench, "all_reduce", ranks, "optical")}
     bench.start_job(ranks)
-    assert bench.hosts[ranks[0]].wait_step(1, bench_file.deadlines.recovery_s)["reached"], "the job did not start"
+    assert bench.hosts[ranks[0]].wait_step(1, bench_file.waits.recovery_s)["reached"], "the job did not start"
     injector, fault, fault_ns, result = recover_once(bench, ranks)
     try:
         assert result.status == "recovered", f"{fault.describe()}: {result.status}: {result.reason}"
         after = result.plan.ranks_after
         lead = bench.hosts[after[0]]
-        out["collective"] = lead.wait_job_event("collective", bench_file.deadlines.recovery_s)
+        out["collective"] = lead.wait_job_event("collective", bench_file.waits.recovery_s)
         out["init"] = lead.wait_job_event("nccl_init", 0)
         out.update(fault=fault, fault_ns=fault_ns, ranks_after=after)
         bench.stop_job()

@@ -30,7 +30,7 @@ def running_job(bench, bench_file, gpu_hosts):
     bench.stop_job()
     bench.restore_baseline()
     bench.start_job(ranks)
-    status = gpu_hosts[ranks[0]].wait_step(1, bench_file.deadlines.recovery_s)
+    status = gpu_hosts[ranks[0]].wait_step(1, bench_file.waits.recovery_s)
     assert status["reached"], f"the job did not start healthy on {ranks}: {status.get('last_lines')}"
     yield ranks
     bench.stop_job()
@@ -182,14 +182,14 @@ def test_migration_baseline_against_optical_recovery(bench, bench_file, running_
     bench.stop_job()
     bench.restore_baseline()
     bench.start_job(running_job)
-    assert gpu_hosts[running_job[0]].wait_step(1, bench_file.deadlines.recovery_s)["reached"]
+    assert gpu_hosts[running_job[0]].wait_step(1, bench_file.waits.recovery_s)["reached"]
     injector = Injector(bench, seed=bench_file.recovery.fault_seed)
     controller = load_controller(bench, running_job)
     controller.arm()
     fault = injector.choose("gpu_failure", running_job)
     try:
         fault_ns = injector.inject(fault)
-        assert controller.wait_detection(bench_file.deadlines.recovery_s) is not None
+        assert controller.wait_detection(bench_file.waits.recovery_s) is not None
     finally:
         controller.disarm()
     migrated = migrate_to_reserved_rack(bench, running_job)
