@@ -25,7 +25,7 @@ from harness.interrupts import critical
 from harness.progress import PROGRESS
 from instruments.protocols import InstrumentError
 
-PHASES = ("detect", "plan", "switch", "light", "link", "retry", "restart", "first_step")
+PHASES = ("detect", "plan", "switch", "light", "link", "retry", "restart", "first_step", "replan")
 _WATCH_WINDOW_S = 0.25
 # Light this far below the receiver's sensitivity is still light (a faded transmitter, a dirty
 # connector), not the darkness of a cut fibre or a failed port (meters read 40 dB lower there).
@@ -84,6 +84,10 @@ class RecoveryController(abc.ABC):
     def __init__(self, session, ranks: list[str]):
         self.session = session
         self.ranks = list(ranks)
+        # Called with a phase's name and the plan so far as the controller enters the phase: a
+        # harness can act mid-recovery (make a second fault, say). A controller that never calls
+        # them is still a controller.
+        self.phase_listeners: list = []
 
     @abc.abstractmethod
     def arm(self) -> None:
@@ -96,6 +100,13 @@ class RecoveryController(abc.ABC):
 
     def disarm(self) -> None:
         """Stop watching."""
+
+    def return_to_service(self, host: str) -> None:
+        """The lab repaired ``host``: it may serve as a spare again."""
+
+    def resume(self) -> RecoveryResult:
+        """After a repair, bring a degraded job back to full size (default: cannot)."""
+        return RecoveryResult("degraded", f"{type(self).__name__} cannot resume a degraded job")
 
 
 def load_controller(session, ranks: list[str]) -> RecoveryController:
@@ -122,11 +133,17 @@ class ReferenceController(RecoveryController):
         self._threads: list[threading.Thread] = []
         self._circuits: dict[int, int] = {}  # the cross-connects the job ran on, read at arm
         self._give_up: float | None = None  # time.monotonic() at which the recovery gives up
+        # Hosts this controller took out of the job: never a spare again until the lab says they
+        # are repaired (return_to_service). A long-lived controller remembers across recoveries.
+        self.out_of_service: dict[str, str] = {}
 
     # -- detect ----------------------------------------------------------------------------------
 
     def arm(self) -> None:
-        self._stop.clear()
+        # A new stop signal for each arming: watchers of an earlier one finish their current
+        # wait on their own (never joined: disarming must not wait out their windows) and can
+        # no longer report into this one.
+        self._stop = threading.Event()
         self._found.clear()
         self._detected.clear()
         # What the job runs on, read from the switch now: the plan rebuilds these paths wherever a
@@ -141,21 +158,33 @@ class ReferenceController(RecoveryController):
             for nic in self.bench.host(host_name).nics:
                 if nic.rx_port in connected_rx:
                     self._watch(self._watch_link, agent, host_name, nic.interface or nic.name, nic.name)
+        watched = [(h, n, det) for h in self.ranks for n in self.bench.host(h).nics if n.rx_port in connected_rx
+                   for det in self.bench.detectors_for_port(n.rx_port)[:1]]
+        if watched:
+            self._watch(self._watch_margin, watched, None)
 
     def _watch(self, target, *args) -> None:
-        thread = threading.Thread(target=self._guarded, args=(target, *args), daemon=True)
+        thread = threading.Thread(target=self._guarded, args=(target, self._stop, *args), daemon=True)
         thread.start()
         self._threads.append(thread)
 
-    def _guarded(self, target, *args) -> None:
-        try:
-            target(*args)
-        except InstrumentError as exc:  # an agent that dies is itself a failure of that host
-            if not self._stop.is_set():
-                self._report(Detection("agent_lost", args[1], self.timeline.clock(), detail={"error": str(exc)}))
+    def _guarded(self, target, stop: threading.Event, *args) -> None:
+        while not stop.is_set():
+            try:
+                target(stop, *args)
+                return
+            except InstrumentError as exc:
+                agent = args[0]
+                if getattr(agent, "alive", False):
+                    continue  # a slow reply (a loaded host): not a failure; watch on
+                if isinstance(args[1], str):  # an agent that is gone is itself a failure of that host
+                    self._report(Detection("agent_lost", args[1], self.timeline.clock(), detail={"error": str(exc)}),
+                                 stop)
+                return
 
-    def _report(self, detection: Detection) -> None:
-        if self._stop.is_set():
+    def _report(self, detection: Detection, stop: threading.Event | None = None) -> None:
+        stop = stop or self._stop
+        if stop.is_set() or stop is not self._stop:
             return  # after detection, the recovery's own actions (stopping the job) are no news
         self._detected.append(detection)
         self._found.set()
@@ -170,39 +199,56 @@ class ReferenceController(RecoveryController):
                 break
             stale = event if event.get("xid") in _FATAL_XIDS else stale
         if stale is not None and self._host_lost(host):
-            self._report(Detection("xid", host, stale["t_ns"], stale["uncertainty_ns"], stale))
+            self._report(Detection("xid", host, stale["t_ns"], stale["uncertainty_ns"], stale), self._stop)
 
-    def _watch_xid(self, agent, host: str) -> None:
-        while not self._stop.is_set():
+    def _watch_xid(self, stop, agent, host: str) -> None:
+        while not stop.is_set():
             event = agent.wait_xid(_WATCH_WINDOW_S)
             if event is not None and event.get("xid") in _FATAL_XIDS:
-                self._report(Detection("xid", host, event["t_ns"], event["uncertainty_ns"], event))
+                self._report(Detection("xid", host, event["t_ns"], event["uncertainty_ns"], event), stop)
                 return
 
-    def _watch_link(self, agent, host: str, interface: str, nic: str) -> None:
-        while not self._stop.is_set():
+    def _watch_link(self, stop, agent, host: str, interface: str, nic: str) -> None:
+        while not stop.is_set():
             state = agent.wait_link(interface, up=False, timeout_s=_WATCH_WINDOW_S)
             if not state["timed_out"]:  # detected when the host saw it (since_ns: when it happened)
-                self._report(Detection("link_down", host, state["t_ns"], state["uncertainty_ns"], {"nic": nic, **state}))
+                self._report(Detection("link_down", host, state["t_ns"], state["uncertainty_ns"], {"nic": nic, **state}),
+                             stop)
                 return
 
-    def _watch_job(self, agent, host: str) -> None:
-        while not self._stop.is_set():
+    def _watch_job(self, stop, agent, host: str) -> None:
+        while not stop.is_set():
             status = agent.wait_step(10**12, _WATCH_WINDOW_S)
             if not status["running"] and status.get("pid") is not None:
                 self._report(Detection("job_exit", host, self.timeline.clock(), 0, {"returncode": status["returncode"],
-                                                                "last_lines": status.get("last_lines", [])}))
+                                                                "last_lines": status.get("last_lines", [])}), stop)
                 return
+
+    def _watch_margin(self, stop, watched: list, _unused) -> None:
+        """Light fading on a circuit the job runs on (a transmitter degrading, a connector getting
+        dirty): below sensitivity + margin it is a failure to act on before the link drops."""
+        floor = self.bench.limits.receiver_sensitivity_dbm.value + self.bench.limits.link_margin_db.value
+        every = max(0.005, _WATCH_WINDOW_S * self.bench.time_scale)
+        while not stop.is_set():
+            for host, nic, det in watched:
+                reading = self.session.detector_dbm(det)
+                received = reading - nic.rx_fibre_loss_db if isinstance(reading, float) else None
+                if received is not None and received < floor:
+                    self._report(Detection("margin_low", host, self.timeline.clock(), 0,
+                                           {"nic": nic.name, "received_dbm": round(received, 2), "floor_dbm": floor}),
+                                 stop)
+                    return
+            stop.wait(every)  # a meter has no event to wait on: sample it
 
     def wait_detection(self, timeout_s: float) -> Detection | None:
         """The first failure seen since ``arm`` (None if none within the timeout)."""
         return self._first_detection() if self._found.wait(timeout_s) else None
 
     def disarm(self) -> None:
+        """Stop watching. The watchers end after their current wait (at most a watch window);
+        nothing waits for them here."""
         self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=_WATCH_WINDOW_S * 4 + self.session.bench.waits.opc_s)
-        self._threads.clear()
+        self._threads = [t for t in self._threads if t.is_alive()]
 
     # -- recover ---------------------------------------------------------------------------------
 
@@ -224,32 +270,9 @@ class ReferenceController(RecoveryController):
             if plan.ranks_after == []:
                 result.status, result.reason = "degraded", plan.diagnosis
                 return result
-            try:
-                self._apply(result, plan, give_up)
-            except RecoveryError as first:
-                if plan.fallback is None:
-                    raise
-                with self._phase(result, "retry"), critical():  # the guess was wrong: put it back, try the other
-                    if plan.add:
-                        self.session.switch.disconnect(plan.add)
-                    if plan.remove:
-                        self.session.switch.connect(plan.remove)
-                    plan = result.plan = plan.fallback
-                    plan.diagnosis += f" (the first guess failed: {first})"
-                    self._apply(result, plan, give_up, record=False)
-            with self._phase(result, "restart"):
-                self._restart(plan.ranks_after)
-                result.restarted_ns = self.timeline.clock()
-            with self._phase(result, "first_step") as marks:
-                lead = self.session.hosts[plan.ranks_after[0]]
-                status = lead.wait_step(1, self._left(give_up))
-                if not status.get("reached"):
-                    raise RecoveryError(f"the job did not complete a step on {plan.ranks_after} "
-                                        f"({'timed out' if status.get('timed_out') else 'it exited'}: "
-                                        f"{' | '.join(status.get('last_lines', [])[-2:])})")
-                result.first_step_ns = status["progress"]["t_ns"]
-                result.first_step_uncertainty_ns = lead.clock.uncertainty_ns
-                marks["end"] = result.first_step_ns
+            plan = self._carry_out(result, plan, give_up)
+            if plan is None:
+                return result
             self.ranks = plan.ranks_after
             result.status = "recovered"
             result.reason = plan.diagnosis
@@ -259,6 +282,137 @@ class ReferenceController(RecoveryController):
         finally:
             self.disarm()
         return result
+
+    def _carry_out(self, result: RecoveryResult, plan: Plan, give_up: float) -> Plan | None:
+        """Switch the plan in, restart, first step; a host of the new rank map lost meanwhile (the
+        spare failed as it was switched in, another rank failed during the recovery) is
+        replaced too. Returns the plan carried out, or None when it ended degraded."""
+        for attempt in range(len(self.bench.topology.hosts)):
+            try:
+                self._switch_in(result, plan, give_up, first=attempt == 0)
+                return plan
+            except RecoveryError as exc:
+                lost = [h for h in plan.ranks_after if self._host_lost(h)]
+                if not lost:
+                    raise
+                wired = plan.ranks_after  # what the switch now carries
+                with self._phase(result, "replan"):
+                    plan = result.plan = self._replan(plan, lost, str(exc))
+                if plan.ranks_after == []:
+                    self.ranks = list(wired)  # a later resume starts from the circuits in place
+                    result.status, result.reason = "degraded", plan.diagnosis
+                    return None
+        raise RecoveryError(f"gave up after replacing {len(self.bench.topology.hosts)} hosts")
+
+    def resume(self) -> RecoveryResult:
+        """Back to full size after a repair: each rank still out of service (or lost) is replaced
+        by a spare, then the job restarts on the new map."""
+        result = RecoveryResult("failed")
+        give_up = self._give_up = time.monotonic() + self.bench.waits.recovery_s
+        try:
+            with self._phase(result, "plan"):
+                self._circuits = dict(self.session.switch.connections())
+                bad = [h for h in self.ranks if h in self.out_of_service or self._host_lost(h)]
+                plan = Plan(None, None, list(self.ranks), list(self.ranks), diagnosis="resumed at full size")
+                if bad:
+                    plan = self._replan(plan, bad, "out of service")
+                result.plan = plan
+            if plan.ranks_after == []:
+                result.status, result.reason = "degraded", plan.diagnosis
+                return result
+            plan = self._carry_out(result, plan, give_up)
+            if plan is None:
+                return result
+            self.ranks = plan.ranks_after
+            result.status, result.reason = "recovered", plan.diagnosis
+        except (RecoveryError, SafetyError, InstrumentError) as exc:
+            result.status = "degraded" if isinstance(exc, SafetyError) else "failed"
+            result.reason = str(exc)
+        return result
+
+    def _switch_in(self, result: RecoveryResult, plan: Plan, give_up: float, first: bool) -> None:
+        """Rewire (trying the other end where the diagnosis was a guess), restart, first step."""
+        try:
+            self._apply(result, plan, give_up)
+        except RecoveryError as failed:
+            if plan.fallback is None or not first:
+                raise
+            with self._phase(result, "retry"), critical():  # the guess was wrong: put it back, try the other
+                if plan.add:
+                    self.session.switch.disconnect(plan.add)
+                if plan.remove:
+                    self.session.switch.connect(plan.remove)
+                fallback = plan.fallback
+                fallback.diagnosis += f" (the first guess failed: {failed})"
+                self.out_of_service[fallback.failed_host] = self.out_of_service.pop(plan.failed_host, "diagnosed")
+                plan.__dict__.update(fallback.__dict__)
+                result.plan = plan
+                self._apply(result, plan, give_up, record=False)
+        with self._phase(result, "restart"):
+            self._restart(plan.ranks_after)
+            result.restarted_ns = self.timeline.clock()
+        with self._phase(result, "first_step") as marks:
+            lead = self.session.hosts[plan.ranks_after[0]]
+            status = self._wait_first_step(plan.ranks_after, self._left(give_up))
+            result.first_step_ns = status["progress"]["t_ns"]
+            result.first_step_uncertainty_ns = lead.clock.uncertainty_ns
+            marks["end"] = result.first_step_ns
+
+    def _wait_first_step(self, ranks: list[str], timeout_s: float) -> dict:
+        """The lead rank's first step; a rank whose process exits first (its GPU lost as the job
+        started, say) ends the wait at once instead of at the deadline."""
+        done = threading.Event()
+        outcome: dict = {}
+
+        def lead() -> None:
+            status = self.session.hosts[ranks[0]].wait_step(1, timeout_s)
+            outcome.setdefault("lead", status)
+            done.set()
+
+        def follower(host: str) -> None:
+            until = time.monotonic() + timeout_s
+            while not done.is_set() and time.monotonic() < until:
+                status = self.session.hosts[host].wait_step(10**12, min(_WATCH_WINDOW_S, until - time.monotonic()))
+                if not status.get("running") and status.get("pid") is not None:
+                    outcome.setdefault("exited", (host, status))
+                    done.set()
+                    return
+
+        threads = [threading.Thread(target=lead, daemon=True)]
+        threads += [threading.Thread(target=follower, args=(h,), daemon=True) for h in ranks[1:]]
+        for t in threads:
+            t.start()
+        done.wait(timeout_s + self.bench.waits.opc_s)
+        if "lead" in outcome and outcome["lead"].get("reached"):
+            return outcome["lead"]
+        if "exited" in outcome:
+            host, status = outcome["exited"]
+            raise RecoveryError(f"the job exited on {host} before its first step on {ranks}: "
+                                f"{' | '.join(status.get('last_lines', [])[-2:])}")
+        status = outcome.get("lead", {})
+        raise RecoveryError(f"the job did not complete a step on {ranks} "
+                            f"({'timed out' if status.get('timed_out', True) else 'it exited'}: "
+                            f"{' | '.join(status.get('last_lines', [])[-2:])})")
+
+    def _replan(self, plan: Plan, lost: list[str], why: str) -> Plan:
+        """Replace hosts of ``plan``'s new rank map that were lost, from the circuits now in place."""
+        self._circuits = dict(self.session.switch.connections())
+        ranks, diagnosis, remove, add = list(plan.ranks_after), plan.diagnosis, [], []
+        for host in lost:
+            self.out_of_service[host] = f"lost during a recovery ({why})"
+            spare = self._pick_spare(ranks)
+            if spare is None:
+                return Plan(host, None, plan.ranks_before, [], diagnosis=f"{diagnosis}; then {host} was lost too "
+                            f"({why}) and {self._no_spare()}: degraded")
+            step = self._replacement(ranks, host, spare, "it was lost during the recovery")
+            ranks, diagnosis = step.ranks_after, f"{diagnosis}; then {step.diagnosis}"
+            remove += step.remove
+            add += step.add
+            self._circuits = {**{i: e for i, e in self._circuits.items() if (i, e) not in step.remove},
+                              **dict(step.add)}
+        spares = [h for h in ranks if h not in plan.ranks_after]
+        return Plan(plan.failed_host, spares[-1] if spares else plan.spare, plan.ranks_before, ranks, remove, add,
+                    diagnosis=diagnosis)
 
     def _restart(self, ranks: list[str]) -> None:
         """The job, stopped everywhere, started again on the new rank map."""
@@ -286,7 +440,7 @@ class ReferenceController(RecoveryController):
     def _first_detection(self) -> Detection:
         # Several watchers may fire for one fault (an XID and then the job's exit): the most
         # telling one that came first is what happened.
-        order = {"xid": 0, "link_down": 1, "agent_lost": 2, "job_exit": 3}
+        order = {"xid": 0, "link_down": 1, "margin_low": 2, "agent_lost": 3, "job_exit": 4}
         return min(self._detected, key=lambda d: (d.t_ns, order.get(d.kind, 9)))
 
     def _deadline(self, name: str) -> str:
@@ -308,6 +462,8 @@ class ReferenceController(RecoveryController):
         instant a host reported, say)."""
         marks = {"start": start_ns if start_ns is not None else self.timeline.clock()}
         error = None
+        for listener in list(self.phase_listeners):
+            listener(name, result.plan)
         try:
             with PROGRESS.doing(f"recovery phase {name}", self._give_up):
                 yield marks
@@ -329,9 +485,11 @@ class ReferenceController(RecoveryController):
         failed, other_end = self._diagnose(detection)
         spare = self._pick_spare(ranks)
         if spare is None:
-            return Plan(failed, None, ranks, [], diagnosis=f"{failed} failed ({detection.kind}) and no spare GPU is left: "
+            self.out_of_service[failed] = f"{detection.kind} on {detection.host}"
+            return Plan(failed, None, ranks, [], diagnosis=f"{failed} failed ({detection.kind}) and {self._no_spare()}: "
                         "the job cannot be recovered on this fabric (degraded)")
         plan = self._replacement(ranks, failed, spare, f"{detection.kind}")
+        self.out_of_service[failed] = f"{detection.kind} on {detection.host}"
         if other_end is not None and other_end in ranks:
             plan.diagnosis += "; the receiving end was assumed (nothing shows which end of the link failed)"
             plan.fallback = self._replacement(ranks, other_end, spare, f"{detection.kind}, the sending end")
@@ -357,7 +515,7 @@ class ReferenceController(RecoveryController):
 
     def _diagnose(self, detection: Detection) -> tuple[str, str | None]:
         """The host that failed, and (where that is a guess) the host at the other end."""
-        if detection.kind != "link_down":
+        if detection.kind not in ("link_down", "margin_low"):
             return detection.host, None
         # Which end of the dark link failed: a port the switch reports failed, else the light
         # arriving at the ingress (a dim transmitter), else the receiving end.
@@ -378,10 +536,14 @@ class ReferenceController(RecoveryController):
         except (InstrumentError, AttributeError):
             pass
         sensitivity = self.bench.limits.receiver_sensitivity_dbm.value
+        margin = self.bench.limits.link_margin_db.value
         if self.session.switch.has_power_monitors and sender is not None:
             arriving = self.session.switch.port_power_dbm([feeding])[feeding]
+            launched = sender[1].launch_dbm - sender[1].tx_fibre_loss_db
             if arriving < sensitivity:
-                return sender[0].name, None
+                return sender[0].name, None  # no usable light reaches the switch: the sender failed
+            if detection.kind == "margin_low" and arriving < launched - margin:
+                return sender[0].name, None  # the light fading is already short at the switch
             return detection.host, None  # the light arrives at the switch: the far side failed
         for det in self.bench.detectors_for_port(nic.rx_port):
             reading = self.session.detector_dbm(det)
@@ -391,12 +553,31 @@ class ReferenceController(RecoveryController):
         return detection.host, sender[0].name if sender else None
 
     def _pick_spare(self, ranks: list[str]) -> str | None:
+        """A host that can take a rank: a spare (or a former rank the lab repaired) outside the
+        job, healthy, in service, and reachable without switching a protected port."""
+        original = set(self.bench.job.ranks) if self.bench.job else set()
+        protected = set(self.bench.safety.protected_ports)
+        self.passed_over: dict[str, str] = {}  # why each other candidate could not be taken
         for host in self.bench.topology.hosts:
-            if host.name in ranks or not any(g.role == "spare" for g in host.gpus):
+            if host.name in ranks or not (any(g.role == "spare" for g in host.gpus) or host.name in original):
                 continue
-            if not self._host_lost(host.name):
+            behind = sorted({p for n in host.nics for p in (n.tx_port, n.rx_port)} & protected)
+            if host.name in self.out_of_service:
+                self.passed_over[host.name] = f"out of service: {self.out_of_service[host.name]}"
+            elif behind:
+                self.passed_over[host.name] = f"behind protected port(s) {behind}, never switched"
+            elif self._host_lost(host.name):
+                self.passed_over[host.name] = "its GPU is lost"
+            else:
                 return host.name
         return None
+
+    def _no_spare(self) -> str:
+        why = "; ".join(f"{h} {reason}" for h, reason in getattr(self, "passed_over", {}).items())
+        return f"no spare GPU is left{f' ({why})' if why else ''}"
+
+    def return_to_service(self, host: str) -> None:
+        self.out_of_service.pop(host, None)
 
     def _rewire(self, failed: str, spare: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         f_nics, s_nics = self.bench.host(failed).nics, self.bench.host(spare).nics
@@ -420,7 +601,8 @@ class ReferenceController(RecoveryController):
     # -- verify ----------------------------------------------------------------------------------
 
     def _verify_light(self, circuits: list[tuple[int, int]], deadline_s: float) -> None:
-        threshold = self.bench.limits.receiver_sensitivity_dbm.value
+        """Every new path carries light above the receiver's sensitivity plus the link margin."""
+        threshold = self.bench.limits.receiver_sensitivity_dbm.value + self.bench.limits.link_margin_db.value
         end = time.monotonic() + deadline_s
         for _, egress in circuits:
             detector = next(iter(self.bench.detectors_for_port(egress)), None)
@@ -433,7 +615,8 @@ class ReferenceController(RecoveryController):
                 if received is not None and received >= threshold:
                     break
                 if time.monotonic() > end:
-                    raise RecoveryError(f"no light at egress port {egress} ({detector.name} reads {power})")
+                    raise RecoveryError(f"no light above {threshold:g} dBm (sensitivity + margin) at egress port "
+                                        f"{egress} ({detector.name} reads {power})")
 
     def _wait_links(self, circuits: list[tuple[int, int]], deadline_s: float) -> None:
         waits = []

@@ -67,7 +67,7 @@ class Injector:
         served = next((h.world_address for h in self.bench.topology.hosts if h.world_address), None)
         self.served_world = None
         if self.world is None and served:
-            from instruments.emulators.world_service import WorldClient
+            from instruments.emulators.world_client import WorldClient
 
             self.served_world = WorldClient(served)
 

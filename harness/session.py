@@ -110,18 +110,31 @@ class BenchSession:
 
     def start_job(self, ranks: list[str], fabric: str = "optical") -> dict[str, dict]:
         """Start every rank of the job on its host (rank 0 is the master), on the optical
-        circuits or on the electrical rack."""
+        circuits or on the electrical rack: all hosts at once, as a launcher would."""
         job = self.bench.job
         command = self.job_command(ranks)
         master = self.bench.host(ranks[0])
-        started = {}
-        for rank, host_name in enumerate(ranks):
+        started: dict[str, dict] = {}
+        errors: list[Exception] = []
+
+        def start(rank: int, host_name: str) -> None:
             fields = {"rank": rank, "world_size": len(ranks), "gpu": 0, "master_port": job.master_port,
                       "master_addr": "127.0.0.1" if master.emulated or master.world_address or master.address == "local"
                            else master.address.split("@")[-1],
                       "heartbeat": f"{job.heartbeat_dir}/rank{rank}.jsonl"}
-            started[host_name] = self.hosts[host_name].start_job(command, fields, self.fabric_env(host_name, fabric))
-        return started
+            try:
+                started[host_name] = self.hosts[host_name].start_job(command, fields, self.fabric_env(host_name, fabric))
+            except Exception as exc:  # noted; raised once every rank was tried
+                errors.append(exc)
+
+        threads = [threading.Thread(target=start, args=(rank, host), daemon=True) for rank, host in enumerate(ranks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return {host: started[host] for host in ranks}
 
     def nccl_tests_command(self, collective: str, ranks: list[str], fabric: str = "optical",
                            sizes: tuple[int, int] | None = None) -> tuple[list[str], dict[str, str]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from harness.config import load_bench
 from instruments.emulators.bench import EmulatedBench
-from instruments.emulators.world_service import WorldClient
+from instruments.emulators.world_client import WorldClient
 from instruments.gpu_host.client import AgentClient, local_agent_argv
 
 ROOT = Path(__file__).resolve().parent.parent

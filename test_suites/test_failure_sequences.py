@@ -1,106 +1,138 @@
-"""Failure sequences: faults are rules, the harness's promises are invariants, and Hypothesis
-explores the orders in which things break. Failed hardware stays failed within a sequence, so
-spares run out; a failing sequence shrinks to the shortest story that breaks a promise.
+"""Failure sequences: Hypothesis tells stories of faults, faults during recoveries, spares that
+fail as they are switched in, transmitters that fade step by step, and repairs, on the bench's
+own hosts and NICs; after every step the harness's promises are checked (harness/exploration.py).
+A story that breaks one is shrunk to the shortest that still does, written as a story file
+(attached to the report, kept under RESULTS/stories) and replayable on any bench that has its
+parts: ``lumion-hil replay STORY --bench FILE``.
 
-Promises: a protected port is never switched; after each fault the controller either recovers
-(the job steps again, on healthy ranks) or says it is degraded, and it is degraded exactly when
-a GPU is lost and no spare is left; every recovery ends within the bench's deadline."""
+Profiles (``lumion-hil run --explore PROFILE``): ``ci``, hundreds of sequences; ``nightly``,
+thousands, in shards that pytest-xdist spreads over workers (``-n auto``), each worker with its
+own emulated bench; ``bench``, a few at real time. Each shard's seed, the profile and the number
+of sequences explored are measured and recorded."""
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import allure
 import pytest
-from hypothesis import HealthCheck, settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis import HealthCheck, Phase, given, note, seed, settings, strategies as st
+from hypothesis.database import DirectoryBasedExampleDatabase
 
-from harness.controller import load_controller
-from harness.faults import Injector
+from harness.exploration import DURING, NIC_KINDS, Broken, Explorer, Step, Story
+from harness.measurements import Spec
+from harness.progress import PROGRESS
 
 pytestmark = allure.feature("failure sequences")
 
-SEQUENCES = settings(max_examples=3, stateful_step_count=3, deadline=None, derandomize=True, database=None,
-                     suppress_health_check=list(HealthCheck))
+
+def pytest_generate_tests(metafunc):
+    if "shard" in metafunc.fixturenames:
+        profile = metafunc.config.getoption("--explore", default=None) or "auto"
+        shards = 8 if profile == "nightly" else 1
+        metafunc.parametrize("shard", range(shards), ids=[f"shard{i}" for i in range(shards)])
 
 
-@allure.title("sequences of faults keep the harness's promises")
-def test_failure_sequences(bench, bench_file, gpu_hosts):
+ACTIONS = ("fault", "fault", "fault", "quiet", "degrade", "repair", "repair")
+
+
+def _step(data, explorer: Explorer, kinds: list[str], fade: bool) -> Step:
+    """One step the bench can take now. Every step draws the same choices whatever the state
+    (so that Hypothesis can replay and shrink a sequence even where the bench's answers vary);
+    the choices are read against the state: hosts of the job, NICs on the ring, broken hosts."""
+    action = data.draw(st.sampled_from(ACTIONS), label="what happens")
+    pick = data.draw(st.integers(0, 15), label="which host")
+    kind = data.draw(st.sampled_from(kinds), label="fault")
+    nic_pick = data.draw(st.integers(0, 3), label="which NIC")
+    twist = data.draw(st.sampled_from(("plain", "during", "spare_fails")), label="and")
+    second_pick = data.draw(st.integers(0, 15), label="which second host")
+    second_kind = data.draw(st.sampled_from(("gpu_failure", "process_kill")), label="second fault")
+    phase = data.draw(st.sampled_from(DURING), label="in which phase")
+    by_db = data.draw(st.sampled_from((3.0, 2.0, 4.0)), label="dB")
+
+    broken = sorted({h for h, faults in explorer.model.faults.items() if faults} | {h for h, _ in explorer.model.fading})
+    if action == "repair" or explorer.state != "running":
+        return Step("repair", host=broken[pick % len(broken)]) if broken else Step("quiet")
+    if action == "quiet" or (action == "degrade" and not fade):
+        return Step("quiet")
+    ranks = list(explorer.ranks)
+    host = ranks[pick % len(ranks)]
+    live = explorer.session.switch.connections()
+    on_ring = [n.name for n in explorer.bench.host(host).nics if n.tx_port in live or n.rx_port in live.values()]
+    nics = on_ring or explorer.nics_of(host)
+    nic = nics[nic_pick % len(nics)]
+    if action == "degrade":
+        return Step("degrade", host=host, nic=nic, by_db=by_db)
+    nic = nic if kind in NIC_KINDS else None
+    others = [h for h in ranks if h != host]
+    if twist == "during" and others and explorer.can_make("gpu_failure"):
+        second = Step("fault", host=others[second_pick % len(others)], kind=second_kind)
+        return Step("fault", host=host, kind=kind, nic=nic, during=second, at=phase)
+    if twist == "spare_fails" and kind != "process_kill" and explorer.can_make("gpu_failure"):
+        return Step("fault", host=host, kind=kind, nic=nic, spare_fails=True)
+    return Step("fault", host=host, kind=kind, nic=nic)
+
+
+@allure.title("failure sequences keep the harness's promises")
+def test_failure_sequences(shard, bench, bench_file, exploration, measure, record_path, request, results_dir):
     if bench_file.job is None:
         pytest.skip("the bench file has no job section")
-    injector = Injector(bench, seed=bench_file.recovery.fault_seed)
+    profile = exploration
+    explorer = Explorer(bench, measure=measure, record_path=record_path, test=request.node.nodeid)
     kinds = [k for k in ("gpu_failure", "process_kill", "fibre_cut", "transceiver_degradation", "switch_port_failure")
-             if injector.supported(k)[0]]
-    spares = [h.name for h in bench_file.topology.hosts if any(g.role == "spare" for g in h.gpus)]
-    protected = set(bench_file.safety.protected_ports)
-    deadline_s = bench_file.deadlines.recovery_s
+             if explorer.can_make(k)]
+    fade = explorer.can_make("transceiver_degradation")
+    the_seed = profile.seed + shard
+    examples = max(1, profile.sequences // profile.shards)
+    lengths: list[int] = []
+    told: dict = {"steps": [], "broke": None}
 
-    class Sequences(RuleBasedStateMachine):
-        def __init__(self):
-            super().__init__()
-            self.faults = []
-            self.ranks = list(bench_file.job.ranks)
-            self.spares_left = len(spares)
-            self.last = None
-            bench.stop_job()
-            bench.restore_baseline()
-            bench.start_job(self.ranks)
-            assert gpu_hosts[self.ranks[0]].wait_step(1, deadline_s)["reached"], "the job did not start healthy"
+    @settings(max_examples=examples, deadline=None, derandomize=False, print_blob=False,
+              database=DirectoryBasedExampleDatabase(str(profile.database(bench_file))),
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+              phases=[Phase.reuse, Phase.generate, Phase.shrink, Phase.explain][: 3 if profile.shrink else 2])
+    @seed(the_seed)
+    @given(st.data())
+    def sequence(data):
+        explorer.reset()
+        steps: list[Step] = []
+        told["steps"], told["broke"] = steps, None
+        length = data.draw(st.integers(1, profile.max_steps), label="length")
+        try:
+            for _ in range(length):
+                step = _step(data, explorer, kinds, fade)
+                steps.append(step)
+                outcome = explorer.apply(step)
+                note(f"{len(steps)}. {step.describe()}: {outcome}")
+                explorer.check()
+        except Exception as broken:  # a promise broken, or the harness itself failing: both are stories
+            told["broke"] = f"{type(broken).__name__}: {broken}" if not isinstance(broken, Broken) else str(broken)
+            raise
+        finally:
+            lengths.append(len(steps))
+            PROGRESS.count("sequences explored")
 
-        @precondition(lambda self: self.last is None or self.last.status == "recovered")
-        @rule(kind=st.sampled_from(kinds), rank=st.integers(0, 99), nic=st.integers(0, 99))
-        def a_fault(self, kind, rank, nic):
-            host = bench_file.host(self.ranks[rank % len(self.ranks)])
-            fault = injector.choose(kind, [host.name])
-            if fault.nic is not None:
-                fault = type(fault)(kind, host.name, host.nics[nic % len(host.nics)].name)
-            controller = load_controller(bench, self.ranks)
-            controller.arm()
-            started = time.monotonic()
-            try:
-                self.faults.append(fault)
-                fault_ns = injector.inject(fault)
-                self.last = controller.recover(fault_ns)
-            finally:
-                controller.disarm()
-            with allure.step(f"{fault.describe()}: {self.last.status} ({self.last.reason})"):
-                print(f"  {fault.describe()}: {self.last.status} ({self.last.reason})")
-            assert time.monotonic() - started < deadline_s + 30, "a recovery outlived its deadline"
-            needs_spare = kind != "process_kill"
-            expect = "degraded" if needs_spare and self.spares_left == 0 else "recovered"
-            assert self.last.status == expect, f"{fault.describe()}: {self.last.status}: {self.last.reason}"
-            if self.last.status == "recovered":
-                if self.last.plan.spare:
-                    self.spares_left -= 1
-                self.ranks = self.last.plan.ranks_after
-
-        @rule()
-        def nothing_breaks(self):
-            """A quiet moment: a recovered job keeps stepping; a degraded one stays reported."""
-            if self.last is not None and self.last.status == "recovered":
-                lead = gpu_hosts[self.ranks[0]]
-                step = lead.job_status()["progress"].get("step", 0)
-                assert lead.wait_step(step + 1, deadline_s)["reached"], f"the job stopped stepping on {self.ranks}"
-
-        @invariant()
-        def protected_ports_are_never_switched(self):
-            touched = {p for pair in bench.switch.connections().items() for p in pair} & protected
-            baseline_touch = {p for pair in bench_file.safety.baseline for p in pair} & protected
-            assert touched <= baseline_touch
-            if bench.world is not None:
-                assert bench.world.events_of("safety.violation") == []
-
-        @invariant()
-        def a_recovered_job_runs_on_its_ranks(self):
-            if self.last is not None and self.last.status == "recovered":
-                status = gpu_hosts[self.ranks[0]].job_status()
-                assert status["running"], f"the job is not running on {self.ranks}: {status['last_lines']}"
-
-        def teardown(self):
-            bench.stop_job()
-            for fault in self.faults:
-                injector.repair(fault)
-            bench.restore_baseline()
-
-    Sequences.TestCase.settings = SEQUENCES
-    Sequences.TestCase().runTest()
+    started = time.monotonic()
+    try:
+        with allure.step(f"profile {profile.name}: {examples} sequences of up to {profile.max_steps} steps, "
+                         f"seed {the_seed}"):
+            sequence()
+    except Exception:
+        story = Story(bench_file.name, list(told["steps"]), the_seed, profile.name, bench_file.recovery.controller,
+                      told["broke"])
+        path = story.save(results_dir / "stories" / f"{bench_file.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+                                                    f"-shard{shard}.yaml")
+        allure.attach(story.dump(), name="the story that breaks a promise", attachment_type=allure.attachment_type.TEXT)
+        print(f"\n{story.dump()}\nstory saved: {path} (lumion-hil replay {path} --bench BENCH)")
+        raise
+    finally:
+        took = time.monotonic() - started
+        measure(Spec("sequences_explored", "sequences", description="failure sequences explored in this shard")
+                .at_least(examples, f"profile {profile.name}: {examples} per shard"), float(len(lengths)),
+                profile=profile.name, seed=the_seed, shard=shard)
+        if lengths:
+            measure(Spec("sequence_length_mean", "steps", description="mean steps per sequence"), statistics.mean(lengths),
+                    profile=profile.name)
+            measure(Spec("sequences_per_minute", "1/min", description="exploration speed"), 60 * len(lengths) / took,
+                    profile=profile.name, recoveries=explorer.recoveries, steps=explorer.steps_taken)

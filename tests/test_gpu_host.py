@@ -15,7 +15,7 @@ from harness.config import load_bench
 from harness.session import BenchSession
 from instruments.emulators.bench import EmulatedBench
 from instruments.emulators.nvml import FakeNvml
-from instruments.emulators.world_service import WorldClient
+from instruments.emulators.world_client import WorldClient
 from instruments.gpu_host.client import AgentClient, local_agent_argv, ssh_agent_argv
 from instruments.gpu_host.jobs import JobControl, JobError, fill_template
 from instruments.gpu_host.links import SysfsLinks

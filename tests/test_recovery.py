@@ -78,7 +78,7 @@ def test_protected_port_is_refused_even_when_it_is_the_only_path():
         controller.arm()
         result = controller.recover(Injector(session).inject(Fault("gpu_failure", "host0")))
         assert result.status == "degraded"
-        assert "needs protected port(s) [7]; refused" in result.reason
+        assert "host3 behind protected port(s) [7], never switched" in result.reason
         assert session.world.events_of("safety.violation") == []
         assert session.switch.connections() == before
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from instruments.collectives import bus_factor
-from instruments.emulators.world_service import WorldClient
+from instruments.emulators.world_client import WorldClient
 
 PROGRAMS = {"all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather",
             "reduce_scatter_perf": "reduce_scatter", "broadcast_perf": "broadcast", "reduce_perf": "reduce",

@@ -155,6 +155,14 @@ class World:
         self._port_state: dict[int, _History] = {}
         self._source_on: dict[int, _History] = {}
         self.events: list[GroundTruth] = []
+        self.violations: list[GroundTruth] = []  # protected ports switched (also among events)
+        # Bumped by every change to light (circuits, ports, losses, sources), overall and per
+        # receiving port: answers computed from a port's history stay good until its version
+        # moves, or until the next instant already planned for it.
+        self._light_version = 0
+        self._port_versions: dict[int, int] = {}
+        self._since_cache: dict[int, tuple] = {}
+        self._transitions: dict[tuple[str, str], tuple[int, list]] = {}
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -216,6 +224,7 @@ class World:
                 lit = start + k * self.switching_time_ns
                 circuit = Circuit(ingress, egress, t, lit)
                 self.circuits.append(circuit)
+                self._touch(egress)
                 self._by_egress.setdefault(egress, []).append(circuit)
                 self._by_ingress.setdefault(ingress, []).append(circuit)
                 self._current[ingress] = circuit
@@ -245,6 +254,7 @@ class World:
                 chosen = [by_pair[p] for p in wanted]
             for c in chosen:
                 c.removed_ns = t
+                self._touch(c.egress)
                 if self._current.get(c.ingress) is c:
                     del self._current[c.ingress]
                 self._last_change_ns = max(self._last_change_ns, t)
@@ -286,7 +296,9 @@ class World:
     def _note_protected(self, t: int, *ports: int) -> None:
         touched = sorted(set(ports) & self.protected_ports)
         if touched:
-            self.events.append(GroundTruth(t, "safety.violation", "protected port switched", {"ports": touched}))
+            violation = GroundTruth(t, "safety.violation", "protected port switched", {"ports": touched})
+            self.events.append(violation)
+            self.violations.append(violation)
 
     # -- ports, losses and sources --------------------------------------------------------------
 
@@ -297,6 +309,7 @@ class World:
         with self.lock:
             t = self.now_ns() if t_ns is None else t_ns
             self._port_state.setdefault(port, _History("E")).set(t, state)
+            self._touch(port)
             self.record(t, "port.state", str(port), state=state)
 
     def port_state(self, port: int, t_ns: int | None = None) -> str:
@@ -310,6 +323,7 @@ class World:
         with self.lock:
             t = self.now_ns() if t_ns is None else t_ns
             self._extra_loss.setdefault(port, _History(0.0)).set(t, loss_db)
+            self._touch(port)
             self.record(t, "loss", str(port), extra_db=loss_db)
 
     def set_source(self, ingress: int, on: bool, t_ns: int | None = None) -> None:
@@ -317,7 +331,33 @@ class World:
         with self.lock:
             t = self.now_ns() if t_ns is None else t_ns
             self._source_on.setdefault(ingress, _History(True)).set(t, on)
+            self._touch(ingress)
             self.record(t, "source", str(ingress), on=on)
+
+    def heal(self) -> None:
+        """Every fault undone: failed GPUs repaired, ports enabled, extra losses gone (the
+        defects of the bench, its damaged connectors, stay)."""
+        with self.lock:
+            t = self.now_ns()
+            for (host, index), gpu in self.gpus.items():
+                if gpu.failed_ns is not None:
+                    self.repair_gpu(host, index)
+            for port, hist in self._port_state.items():
+                if hist.at(t) != "E":
+                    self.set_port_state(port, "E", t)
+            for port, hist in self._extra_loss.items():
+                if hist.at(t) != 0.0:
+                    self.set_extra_loss(port, 0.0, t)
+
+    def _touch(self, port: int) -> None:
+        """The light at ``port`` changed (or, at an ingress, at every egress it has fed)."""
+        self._light_version += 1
+        for egress in {port} | {c.egress for c in self._by_ingress.get(port, ())}:
+            self._port_versions[egress] = self._port_versions.get(egress, 0) + 1
+
+    def _version_of(self, rx_port: int) -> int:
+        # With crosstalk a dark port sees every lit path: any change anywhere matters.
+        return self._light_version if self.crosstalk_db is not None else self._port_versions.get(rx_port, 0)
 
     def _extra(self, port: int, t: int) -> float:
         hist = self._extra_loss.get(port)
@@ -455,20 +495,25 @@ class World:
 
     # -- NIC links: dark -> light -> locked -> up, following the light at the receiver ----------
 
-    def _instants(self, rx_port: int, t: int) -> list[int]:
-        """Every instant up to t at which the light reaching ``rx_port`` may have changed: its
-        circuits coming and going, and anything at their ingress or at the port itself."""
-        out = {0}
+    def _instants(self, rx_port: int, t: int | None = None, after: int | None = None) -> list[int]:
+        """Every instant in (after, t] (either end open when None) at which the light reaching
+        ``rx_port`` may have changed: its circuits coming and going, and anything at their
+        ingress or at the port. Only the history inside the window is read."""
+        lo = -1 if after is None else after
+        out = {0} if lo < 0 else set()
         ports = {rx_port}
-        for c in self._by_egress.get(rx_port, ()):
-            out.update(x for x in (c.commanded_ns, c.lit_ns, c.removed_ns) if x is not None and x <= t)
+        for c in reversed(self._by_egress.get(rx_port, ())):
             ports.add(c.ingress)
+            out.update(x for x in (c.commanded_ns, c.lit_ns, c.removed_ns) if x is not None and x > lo)
+            if c.commanded_ns <= lo and c.removed_ns is not None and c.removed_ns <= lo:
+                break  # one egress carries one circuit at a time: every earlier one ended before this one
         for histories in (self._extra_loss, self._port_state, self._source_on):
             for port in ports:
                 hist = histories.get(port)
                 if hist is not None:
-                    out.update(x for x in hist._times if 0 <= x <= t)
-        return sorted(out)
+                    times = hist._times
+                    out.update(x for x in times[bisect.bisect_right(times, lo):] if x >= 0)
+        return sorted(x for x in out if t is None or x <= t)
 
     def _nic(self, host: str, nic: str):
         for n in self.hosts[host].nics:
@@ -481,14 +526,28 @@ class World:
         return power is not None and power >= self.sensitivity_dbm
 
     def _receiving_since(self, rx_port: int, t: int) -> tuple[bool, int]:
-        """Whether the receiver has light at t, and since when."""
-        instants = self._instants(rx_port, t)
+        """Whether the receiver has light at t, and since when. Kept until the light's history
+        changes or the next planned instant comes (it is asked for every link, every step)."""
+        version = self._version_of(rx_port)
+        cached = self._since_cache.get(rx_port)
+        if cached is not None and cached[0] == version and cached[1] <= t < cached[2]:
+            return cached[3], cached[4]
+        upcoming = next(iter(self._instants(rx_port, after=t)), 2**63)
         receiving = self._receiving(rx_port, t)
-        since = instants[0]
-        for inst in reversed(instants):
-            if self._receiving(rx_port, inst) != receiving:
+        since, hi, width, done = 0, t, 2**30, False
+        while not done:  # walk back through ever wider windows until the state differs
+            lo = hi - width if hi - width > 0 else None
+            for inst in reversed(self._instants(rx_port, hi, after=lo)):
+                if inst > t:
+                    continue
+                if self._receiving(rx_port, inst) != receiving:
+                    done = True
+                    break
+                since = inst
+            if lo is None:
                 break
-            since = inst
+            hi, width = lo, width * 2
+        self._since_cache[rx_port] = (version, t, upcoming, receiving, since)
         return receiving, since
 
     def _bringup(self, emu) -> tuple[int, int, int, int]:
@@ -522,19 +581,28 @@ class World:
             return current[0], current[1]
 
     def link_transitions(self, host: str, nic: str, t_ns: int | None = None) -> list[tuple[int, str]]:
-        """Every (instant, state) the link went through, up to t."""
+        """Every (instant, state) the link went through, up to t. What was worked out for an
+        earlier t is kept and only the time since is examined (history is made at the present,
+        never inserted into the past)."""
         t = self.now_ns() if t_ns is None else t_ns
         spec, emu = self._nic(host, nic)
         with self.lock:
-            candidates = set(self._instants(spec.rx_port, t))
+            upto, out = self._transitions.get((host, nic), (-1, []))
+            if t < upto:
+                upto, out = -1, []  # asked about the past: work it out afresh
+            out = list(out)
+            lock_ns, up_ns, hold_ns, flaps = self._bringup(emu)
+            reach = (flaps + 1) * (lock_ns + up_ns + hold_ns)  # how far after a light change it still acts
+            candidates = set(self._instants(spec.rx_port, t, after=None if upto < 0 else upto - reach))
             for inst in list(candidates):
                 candidates.update(x for x, _ in self._schedule(inst, emu) if x <= t)
-            out: list[tuple[int, str]] = []
-            for inst in sorted(candidates):
+            for inst in sorted(c for c in candidates if c > upto):
                 state, since = self.link_state(host, nic, inst)
                 if not out or out[-1][1] != state:
                     out.append((since, state))
-            return out
+            if t <= self.now_ns():
+                self._transitions[(host, nic)] = (t, out)
+            return list(out)
 
     def carrier_counters(self, host: str, nic: str, t_ns: int | None = None) -> dict[str, int]:
         states = [s for _, s in self.link_transitions(host, nic, t_ns)]

@@ -11,6 +11,7 @@ import time
 
 from instruments.collectives import NoPath
 from instruments.emulators.world import World
+from instruments.emulators.world_client import WorldClient  # noqa: F401  (where it was)
 from instruments.gpu_host import wire
 
 
@@ -132,7 +133,7 @@ class WorldService:
         world = self.world
         failed = [h for h in ranks if h in world.hosts and world.host_failed(h)]
         if failed:
-            return {"time_s": None, "stalled": f"peer {failed[0]} failed"}
+            return {"time_s": None, "stalled": f"peer {failed[0]} failed", "failed": failed}
         fabric = world.fabric_name(socket_ifname)
         try:
             cost = world.collective_cost(collective, ranks, int(size_bytes), fabric)
@@ -170,33 +171,3 @@ class WorldService:
         t = self.world.now_ns()
         self.world.set_extra_loss(port, float(loss_db), t)
         return t
-
-
-class WorldClient:
-    """The emulated host's side: one connection per thread, so each may wait on its own."""
-
-    def __init__(self, address: str):
-        host, port = address.rsplit(":", 1)
-        self._address = (host, int(port))
-        self._local = threading.local()
-        self._ids = 0
-
-    def _conn(self):
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            sock = socket.create_connection(self._address, timeout=None)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = self._local.conn = (sock, sock.makefile("rb"))
-        return conn
-
-    def call(self, method: str, **params):
-        sock, reader = self._conn()
-        self._ids += 1
-        sock.sendall(wire.encode({"id": self._ids, "method": method, "params": params}))
-        line = reader.readline()
-        if not line:
-            raise ConnectionError(f"world service at {self._address} closed the connection")
-        reply = wire.decode(line)
-        if not reply["ok"]:
-            raise wire.RemoteError("world", method, reply["error"]["type"], reply["error"]["message"])
-        return reply["result"]

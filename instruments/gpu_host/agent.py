@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         if not args.host:
             parser.error("--world needs --host")
         from instruments.emulators.nvml import FakeNvml
-        from instruments.emulators.world_service import WorldClient
+        from instruments.emulators.world_client import WorldClient
 
         world = WorldClient(args.world)
         interfaces = dict(pair.split("=", 1) for pair in args.interfaces.split(",") if pair)

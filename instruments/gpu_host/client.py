@@ -70,6 +70,11 @@ class AgentClient(GpuHost):
         threading.Thread(target=self._read, args=(proc,), daemon=True, name=f"agent-{self.name}").start()
         threading.Thread(target=self._drain_stderr, args=(proc,), daemon=True, name=f"agent-{self.name}-err").start()
 
+    @property
+    def alive(self) -> bool:
+        """The agent's process (its ssh session, for a remote host) is running."""
+        return self._proc.poll() is None
+
     def _restart(self, method: str) -> None:
         """The agent's session was lost (ssh dropped, host rebooted): start it again."""
         with self._start_lock:

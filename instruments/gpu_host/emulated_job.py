@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from instruments.emulators.world_service import WorldClient
+from instruments.emulators.world_client import WorldClient
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         barrier = world.call("collective", collective="all_reduce", ranks=ranks, size_bytes=4, socket_ifname=ifname)
         if barrier["time_s"] is not None:
             break
+        if host in barrier.get("failed", []):  # its own GPU: CUDA fails at the first kernel
+            print(f"CUDA error: unspecified launch failure (GPU of {host} is lost, XID 79)", flush=True)
+            return 1
         world.call("wait_change", timeout_s=1.0)
     time.sleep(barrier["time_s"])
     world.call("job_event", host=host, rank=args.rank, what="collective")

@@ -1,0 +1,594 @@
+"""Failure sequences as stories: what happens to the bench step by step (faults, a fault during a
+recovery, a spare that fails as it is switched in, slow degradation, repairs, quiet moments),
+each naming hosts and NICs, never indices, and the promises checked after every step.
+
+An :class:`Explorer` carries out steps on an open bench session through the drivers, the agents
+and the controller under test, and judges the invariants; Hypothesis chooses the steps
+(test_suites/test_failure_sequences.py), ``lumion-hil replay`` reads them from a story file. A
+story saved on one bench replays on any bench that has the hosts and NICs it names.
+
+Promises (:meth:`Explorer.check`, after every step):
+- no port is in two circuits, protected ports are untouched, and no circuit is left on a host
+  outside the job;
+- every circuit the job runs on has light above sensitivity plus margin, and carrier;
+- while usable spares remain, the job runs at full size on healthy GPUs; once none is left the
+  controller says degraded, and it stays so until a repair;
+- each recovery ends within its deadline;
+- the run record holds every measurement taken.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from harness.controller import RecoveryResult, load_controller
+from harness.errors import HarnessError
+from harness.faults import Fault, FaultNotPossible, Injector
+from harness.measurements import Spec
+
+# Faults that take a host out of the job (a process killed restarts it in place).
+REPLACING = ("gpu_failure", "fibre_cut", "transceiver_degradation", "switch_port_failure")
+KINDS = ("process_kill",) + REPLACING
+NIC_KINDS = ("fibre_cut", "transceiver_degradation", "switch_port_failure")
+DURING = ("switch", "restart")  # the recovery phases a second fault may hit
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How much to explore: ``sequences`` in all (split over ``shards``, which pytest-xdist may
+    run on several workers), each of 1 to ``max_steps`` steps (so about half that on average)."""
+
+    name: str
+    sequences: int
+    max_steps: int
+    shards: int
+    seed: int
+    examples_dir: Path
+
+    @property
+    def shrink(self) -> bool:
+        return True
+
+    def database(self, bench) -> Path:
+        """The per-bench example database (failing stories are tried first next time)."""
+        return self.examples_dir / bench.name
+
+
+PROFILES = {
+    "ci": "hundreds of sequences at the bench's time scale: every night's CI run",
+    "nightly": "thousands, in 8 shards to spread over pytest-xdist workers (-n auto)",
+    "bench": "a few at the bench's own speed (real time on a real bench): the default",
+}
+
+
+def profile(name: str, seed: int, examples_dir: Path) -> Profile:
+    if name not in PROFILES:
+        raise ValueError(f"unknown exploration profile {name!r}; known: {', '.join(PROFILES)}")
+    sequences, max_steps, shards = {"ci": (320, 8, 1), "nightly": (4000, 12, 8), "bench": (5, 4, 1)}[name]
+    return Profile(name, sequences, max_steps, shards, seed, examples_dir)
+
+
+class Broken(AssertionError):
+    """A promise the bench (or the controller) did not keep."""
+
+    def __init__(self, promise: str, detail: str):
+        self.promise, self.detail = promise, detail
+        super().__init__(f"{promise}: {detail}")
+
+
+class StoryError(HarnessError):
+    """A story that cannot be read, or cannot be told on this bench."""
+
+
+# --- steps and stories ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing that happens. ``action``: fault, degrade, repair or quiet."""
+
+    action: str
+    host: str | None = None
+    kind: str | None = None  # the fault's kind
+    nic: str | None = None
+    by_db: float | None = None  # degrade: dB more loss at the NIC's transmitter
+    during: "Step | None" = None  # fault: a second fault, made as the recovery enters ``at``
+    at: str | None = None  # the phase the second fault comes in
+    spare_fails: bool = False  # fault: the spare the controller takes fails as it is switched in
+
+    def describe(self) -> str:
+        where = f"{self.host}.{self.nic}" if self.nic else (self.host or "")
+        if self.action == "fault":
+            text = f"{self.kind} at {where}"
+            if self.spare_fails:
+                text += ", and the spare taken fails as it is switched in"
+            if self.during is not None:
+                text += f", and {self.during.describe()} as the recovery enters its {self.at} phase"
+            return text
+        if self.action == "degrade":
+            return f"{where}'s transmitter fades {self.by_db:g} dB more"
+        if self.action == "repair":
+            return f"{self.host} is repaired"
+        return "a quiet moment"
+
+    def to_dict(self) -> dict:
+        if self.action == "quiet":
+            return {"quiet": True}
+        if self.action == "repair":
+            return {"repair": self.host}
+        if self.action == "degrade":
+            return {"degrade": {"host": self.host, "nic": self.nic, "by_db": self.by_db}}
+        out: dict = {"fault": self.kind, "host": self.host}
+        if self.nic:
+            out["nic"] = self.nic
+        if self.spare_fails:
+            out["spare_fails"] = True
+        if self.during is not None:
+            out["during_recovery"] = {**self.during.to_dict(), "at": self.at}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Step":
+        if not isinstance(data, dict):
+            raise StoryError(f"a step is a mapping (fault:, degrade:, repair: or quiet:), not {data!r}")
+        if data.get("quiet"):
+            return cls("quiet")
+        if "repair" in data:
+            return cls("repair", host=str(data["repair"]))
+        if "degrade" in data:
+            d = data["degrade"]
+            return cls("degrade", host=d["host"], nic=d["nic"], by_db=float(d["by_db"]))
+        if "fault" in data:
+            if data["fault"] not in KINDS:
+                raise StoryError(f"unknown fault {data['fault']!r}; known: {', '.join(KINDS)}")
+            during = data.get("during_recovery")
+            second = cls.from_dict({k: v for k, v in during.items() if k != "at"}) if during else None
+            return cls("fault", host=data["host"], kind=data["fault"], nic=data.get("nic"), during=second,
+                       at=during.get("at") if during else None, spare_fails=bool(data.get("spare_fails")))
+        raise StoryError(f"a step is fault:, degrade:, repair: or quiet:, not {sorted(data)}")
+
+
+@dataclass
+class Story:
+    bench: str
+    steps: list[Step]
+    seed: int | None = None
+    profile: str | None = None
+    controller: str | None = None
+    broke: str | None = None  # the promise broken, and how
+
+    def dump(self) -> str:
+        data = {"story": "a failure sequence (lumion-hil replay STORY --bench FILE)", "bench": self.bench,
+                "seed": self.seed, "profile": self.profile, "controller": self.controller,
+                "steps": [s.to_dict() for s in self.steps]}
+        if self.broke:
+            data["broke"] = self.broke
+        text = yaml.safe_dump(data, sort_keys=False, width=100)
+        told = "\n".join(f"#   {n}. {s.describe()}" for n, s in enumerate(self.steps, 1))
+        return f"# {len(self.steps)} step(s):\n{told}\n{text}"
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.dump(), encoding="utf-8")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Story":
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise StoryError(f"{path}: cannot read the story: {exc}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("steps"), list):
+            raise StoryError(f"{path}: a story is a mapping with a list of steps")
+        try:
+            steps = [Step.from_dict(s) for s in data["steps"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StoryError(f"{path}: a step is malformed: {exc}") from None
+        return cls(str(data.get("bench")), steps, data.get("seed"), data.get("profile"), data.get("controller"),
+                   data.get("broke"))
+
+
+# --- the explorer ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Model:
+    """What the explorer knows has happened: hardware broken and not repaired, fading NICs."""
+
+    faults: dict[str, list[Fault]] = field(default_factory=dict)  # host -> faults made on it
+    fading: dict[tuple[str, str], float] = field(default_factory=dict)  # (host, nic) -> dB lost
+
+    def broken(self, host: str) -> bool:
+        return bool(self.faults.get(host))
+
+
+class Explorer:
+    """Carries out steps on an open session and judges the promises after each."""
+
+    def __init__(self, session, *, measure: Callable | None = None, record_path: str | Path | None = None,
+                 test: str | None = None, log: Callable[[str], None] = lambda text: None):
+        if session.bench.job is None:
+            raise StoryError(f"bench {session.bench.name!r} has no job section: nothing to keep running")
+        self.session = session
+        self.bench = session.bench
+        self.injector = Injector(session, seed=self.bench.recovery.fault_seed)
+        self.size = len(self.bench.job.ranks)
+        self.protected = set(self.bench.safety.protected_ports)
+        self.measure = measure
+        self.record_path = Path(record_path) if record_path else None
+        self.test = test
+        self.log = log
+        self.measured = 0
+        self._record_seen = 0
+        self._record_offset = 0
+        self.recoveries = 0
+        self.steps_taken = 0
+        self.reset()
+
+    # -- the bench's parts ---------------------------------------------------------------------
+
+    def hosts_named(self) -> set[str]:
+        return {h.name for h in self.bench.topology.hosts}
+
+    def nics_of(self, host: str) -> list[str]:
+        return [n.name for n in self.bench.host(host).nics]
+
+    def can_make(self, kind: str) -> bool:
+        return self.injector.supported(kind)[0]
+
+    def usable_spares(self) -> list[str]:
+        """Hosts that could take a rank now: outside the job, a spare (or a repaired former rank),
+        nothing broken, not behind a protected port."""
+        out = []
+        for host in self.bench.topology.hosts:
+            if host.name in self.ranks or self.model.broken(host.name):
+                continue
+            if not (any(g.role == "spare" for g in host.gpus) or host.name in self.bench.job.ranks):
+                continue
+            if {p for n in host.nics for p in (n.tx_port, n.rx_port)} & self.protected:
+                continue
+            out.append(host.name)
+        return out
+
+    # -- a fresh start -------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Every fault repaired, the baseline restored, the job running on its ranks."""
+        session = self.session
+        session.stop_job()
+        for faults in getattr(self, "model", _Model()).faults.values():
+            for fault in faults:
+                self.injector.repair(fault)
+        for (host, nic), _ in getattr(self, "model", _Model()).fading.items():
+            self.injector.repair(Fault("transceiver_degradation", host, nic))
+        if session.world is not None:  # emulated: whatever a story broke, heal all of it
+            session.world.heal()
+        session.restore_baseline()
+        self.model = _Model()
+        self.ranks = list(self.bench.job.ranks)
+        self.state = "running"
+        self.last: RecoveryResult | None = None
+        self.controller = load_controller(session, self.ranks)
+        session.start_job(self.ranks)
+        if not session.hosts[self.ranks[0]].wait_step(1, self.bench.waits.recovery_s)["reached"]:
+            raise Broken("the job runs", f"it did not start on {self.ranks} after a reset")
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def missing_parts(self, step: Step) -> str | None:
+        """Why this bench cannot tell this step at all (a host or NIC it lacks, a fault it cannot
+        make); None when it has what the step names."""
+        names = self.hosts_named()
+        for s in (step, step.during):
+            if s is None:
+                continue
+            if s.host is not None and s.host not in names:
+                return f"bench {self.bench.name!r} has no host {s.host!r}"
+            if s.nic is not None and s.nic not in self.nics_of(s.host):
+                return f"host {s.host!r} has no NIC {s.nic!r}"
+            if s.kind is not None and not self.can_make(s.kind):
+                return f"{s.kind}: {self.injector.supported(s.kind)[1]}"
+        if step.action == "degrade" and not self.can_make("transceiver_degradation"):
+            return "this bench cannot fade a transmitter"
+        return None
+
+    def can_take(self, step: Step) -> str | None:
+        """Why this step cannot be told now on this bench (None: it can)."""
+        missing = self.missing_parts(step)
+        if missing is not None:
+            return missing
+        names = self.hosts_named()
+        for s in (step, step.during):
+            if s is None:
+                continue
+            if s.host is not None and s.host not in names:
+                return f"bench {self.bench.name!r} has no host {s.host!r}"
+            if s.nic is not None and s.nic not in self.nics_of(s.host):
+                return f"host {s.host!r} has no NIC {s.nic!r}"
+            if s.kind is not None and not self.can_make(s.kind):
+                return f"{s.kind}: {self.injector.supported(s.kind)[1]}"
+        if step.action in ("fault", "degrade") and self.state != "running":
+            return "the job is degraded: nothing runs to fail"
+        if step.action in ("fault", "degrade") and step.host not in self.ranks:
+            return f"{step.host} is not in the job ({', '.join(self.ranks)})"
+        if step.action == "degrade" and not self.can_make("transceiver_degradation"):
+            return "this bench cannot fade a transmitter"
+        if step.during is not None and (step.during.host not in self.ranks or step.during.host == step.host):
+            return f"{step.during.host} is not another host of the job"
+        if step.action == "repair" and not self.model.broken(step.host) \
+                and not any(h == step.host for h, _ in self.model.fading):
+            return f"nothing on {step.host} is broken"
+        if step.during is not None and step.during.kind not in ("gpu_failure", "process_kill"):
+            return "a second fault during a recovery is a GPU failure or a killed process"
+        if step.spare_fails and step.kind not in REPLACING:
+            return f"{step.kind} takes no spare"
+        return None
+
+    def apply(self, step: Step) -> str:
+        """Carry out one step; returns what happened, in words."""
+        why_not = self.can_take(step)
+        if why_not is not None:
+            raise StoryError(f"cannot {step.describe()}: {why_not}")
+        self.steps_taken += 1
+        if step.action == "quiet":
+            return self._quiet()
+        if step.action == "repair":
+            return self._repair(step.host)
+        if step.action == "degrade":
+            return self._degrade(step)
+        return self._fault(step)
+
+    def _fault_of(self, step: Step) -> Fault:
+        return Fault(step.kind, step.host, step.nic if step.kind in NIC_KINDS else None)
+
+    def _note(self, fault: Fault) -> None:
+        if fault.kind in REPLACING:
+            self.model.faults.setdefault(fault.host, []).append(fault)
+
+    def _fault(self, step: Step) -> str:
+        fault = self._fault_of(step)
+        needed = 0 if fault.kind == "process_kill" else 1
+        extra: list[Fault] = []
+        listeners = self.controller.phase_listeners
+
+        def second(phase: str, plan) -> None:
+            if step.during is not None and phase == step.at and not extra:
+                extra.append(self._fault_of(step.during))
+                self._note(extra[-1])
+                self.injector.inject(extra[-1])
+            if step.spare_fails and phase == "switch" and plan is not None and plan.spare and not extra:
+                extra.append(Fault("gpu_failure", plan.spare))
+                self._note(extra[-1])
+                self.injector.inject(extra[-1])
+
+        if step.during is not None and step.during.kind in REPLACING:
+            needed += 1
+        if step.spare_fails:
+            needed += 1
+        usable = len(self.usable_spares())
+        self._note(fault)  # before it is made: a reset repairs it whatever happens next
+        listeners.append(second)
+        try:
+            result = self._recover(lambda: self.injector.inject(fault), step)
+        finally:
+            listeners.remove(second)
+        if step.spare_fails and not extra:
+            needed -= 1  # no spare was taken (none was left): none could fail
+        expect = "degraded" if needed > usable else "recovered"
+        self._judge(result, expect, step)
+        return f"{result.status}: {result.reason}"
+
+    def _degrade(self, step: Step) -> str:
+        key = (step.host, step.nic)
+        total = self.model.fading.get(key, 0.0) + step.by_db
+        self.model.fading[key] = total
+        fault = Fault("transceiver_degradation", step.host, step.nic, loss_db=total)
+        if not self._fades_below_margin(step.host, step.nic, total):
+            self.injector.inject(fault)
+            return f"faded to -{total:g} dB, still above the margin"
+        usable = len(self.usable_spares())
+        self._note(fault)
+        result = self._recover(lambda: self.injector.inject(fault), step)
+        self._judge(result, "degraded" if usable == 0 else "recovered", step)
+        return f"faded to -{total:g} dB: {result.status}: {result.reason}"
+
+    def _fades_below_margin(self, host: str, nic_name: str, loss_db: float) -> bool:
+        """Whether the light this NIC sends reaches its receiver below sensitivity + margin once
+        it has faded by ``loss_db`` (the bench's own loss budget: launch, fibres, connectors,
+        the switch's insertion loss)."""
+        nic = next(n for n in self.bench.host(host).nics if n.name == nic_name)
+        receiver_port = self.session.switch.connections().get(nic.tx_port)
+        if receiver_port is None:
+            return False
+        owner = self.bench.nic_on_rx_port(receiver_port)
+        rx_loss = owner[1].rx_fibre_loss_db if owner else 0.0
+        insertion = self.bench.switch.emulation.insertion_loss_db if self.session.world is not None else 1.5
+        received = (nic.launch_dbm - loss_db - nic.tx_fibre_loss_db - insertion - rx_loss
+                    - self.bench.topology.connector_loss_db)
+        floor = self.bench.limits.receiver_sensitivity_dbm.value + self.bench.limits.link_margin_db.value
+        return received < floor
+
+    def _repair(self, host: str) -> str:
+        for fault in self.model.faults.pop(host, []):
+            self.injector.repair(fault)
+        for key in [k for k in self.model.fading if k[0] == host]:
+            del self.model.fading[key]
+            self.injector.repair(Fault("transceiver_degradation", *key))
+        self.controller.return_to_service(host)
+        if self.state != "degraded":
+            return "back in the spare pool"
+        expect = "recovered" if self._can_be_full() else "degraded"
+        started = time.monotonic()
+        result = self.controller.resume()
+        self._took(result, started, Step("repair", host=host))
+        self._settle(result)
+        self._judge(result, expect, Step("repair", host=host))
+        return f"resumed: {result.status}: {result.reason}"
+
+    def _can_be_full(self) -> bool:
+        bad = [h for h in self.ranks if self.model.broken(h)]
+        return len(bad) <= len(self.usable_spares())
+
+    def _quiet(self) -> str:
+        if self.state != "running":
+            return "still degraded"
+        lead = self.session.hosts[self.ranks[0]]
+        step = lead.job_status()["progress"].get("step", 0)
+        if not lead.wait_step(step + 1, self.bench.waits.recovery_s)["reached"]:
+            raise Broken("the job runs", f"it stopped stepping on {self.ranks}")
+        return f"the job stepped on ({step + 1})"
+
+    def _recover(self, make_fault: Callable[[], int], step: Step) -> RecoveryResult:
+        self.controller.ranks = list(self.ranks)
+        self.controller.arm()
+        started = time.monotonic()
+        try:
+            fault_ns = make_fault()
+            result = self.controller.recover(fault_ns)
+        except FaultNotPossible as exc:
+            self.controller.disarm()
+            raise StoryError(str(exc)) from None
+        self._took(result, started, step)
+        self._settle(result)
+        return result
+
+    def _took(self, result: RecoveryResult, started: float, step: Step) -> None:
+        took = time.monotonic() - started
+        self.recoveries += 1
+        self.last = result
+        limit = self.bench.waits.recovery_s
+        if self.measure is not None:
+            self.measure(Spec("sequence_recovery_time", "s", description="fault (or repair) to the job stepping "
+                              "again, or to the controller's verdict, in a failure sequence").at_most(
+                limit + 1.0, f"the recovery deadline, {limit:.3g} s, + 1 s to report"), took,
+                status=result.status, step=step.describe())
+            self.measured += 1
+        if took > limit + 1.0:
+            raise Broken("each recovery ends within its deadline", f"{step.describe()}: {took:.2f} s, deadline "
+                         f"{limit:.3g} s")
+
+    def _settle(self, result: RecoveryResult) -> None:
+        if result.status == "recovered":
+            self.ranks = list(result.plan.ranks_after) if result.plan else self.ranks
+            self.state = "running"
+        elif result.status == "degraded":
+            self.state = "degraded"
+            self.ranks = list(self.controller.ranks)  # as the switch is wired now
+        self.controller.ranks = list(self.ranks)
+
+    def _judge(self, result: RecoveryResult, expect: str, step: Step) -> None:
+        if result.status == "failed":
+            raise Broken("a recovery succeeds or says degraded", f"{step.describe()}: failed: {result.reason}")
+        if result.status != expect:
+            left = ", ".join(self.usable_spares()) or "none"
+            raise Broken("degraded exactly when no spare is left",
+                         f"{step.describe()}: {result.status} ({result.reason}); expected {expect} "
+                         f"(usable spares now: {left})")
+
+    # -- promises ------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Every promise, read from the bench through its drivers and agents."""
+        live = self.session.switch.connections()
+        egress = list(live.values())
+        doubled = sorted({e for e in egress if egress.count(e) > 1})
+        if doubled:
+            raise Broken("no port is in two circuits", f"egress port(s) {doubled}")
+        touched = sorted({p for pair in live.items() for p in pair} & self.protected)
+        if touched:
+            raise Broken("protected ports are untouched", f"circuits on protected port(s) {touched}: {live}")
+        world = self.session.world
+        if world is not None and world.violations:
+            raise Broken("protected ports are untouched", str(world.violations[0]))
+        job_ports = {p for h in self.ranks for n in self.bench.host(h).nics for p in (n.tx_port, n.rx_port)}
+        stray = sorted((i, e) for i, e in live.items() if not {i, e} <= job_ports)
+        if stray and self.state == "running":
+            owners = sorted({self._owner(p) for pair in stray for p in pair if p not in job_ports})
+            raise Broken("no circuit is left on a host outside the job",
+                         f"{stray} on {', '.join(owners)} (the job runs on {', '.join(self.ranks)})")
+        if self.state == "running":
+            self._check_running(live)
+        elif self._can_be_full():
+            raise Broken("degraded only while no spare is left",
+                         f"degraded with usable spare(s) {self.usable_spares()} for {self.ranks}")
+        self._check_record()
+
+    def _owner(self, port: int) -> str:
+        for host, nic in self.bench.nic_ports():
+            if port in (nic.tx_port, nic.rx_port):
+                return f"{host.name}.{nic.name}"
+        return f"port {port}"
+
+    def _check_running(self, live: dict[int, int]) -> None:
+        if len(set(self.ranks)) != self.size:
+            raise Broken("the job runs at full size", f"ranks {self.ranks} for a job of {self.size}")
+        floor = self.bench.limits.receiver_sensitivity_dbm.value + self.bench.limits.link_margin_db.value
+        fed = set(live.values())
+        for host in self.ranks:
+            agent = self.session.hosts[host]
+            if any(g.get("lost") for g in agent.health()):
+                raise Broken("the job runs on healthy GPUs", f"{host}'s GPU is lost and it is in the job {self.ranks}")
+            links = {s["interface"]: s for s in agent.links()}
+            for nic in self.bench.host(host).nics:
+                if nic.rx_port not in fed:
+                    continue
+                det = next(iter(self.bench.detectors_for_port(nic.rx_port)), None)
+                if det is not None:
+                    reading = self.session.detector_dbm(det)
+                    received = reading - nic.rx_fibre_loss_db if isinstance(reading, float) else None
+                    if received is None or received < floor:
+                        raise Broken("every circuit has light above sensitivity plus margin",
+                                     f"{host}.{nic.name} receives {reading} ({det.name}), floor {floor:g} dBm")
+                state = links.get(nic.interface or nic.name)
+                if state is None or state.get("carrier") != 1:
+                    raise Broken("every circuit has carrier", f"{host}.{nic.name}: {state}")
+        status = self.session.hosts[self.ranks[0]].job_status()
+        if not status.get("running"):
+            raise Broken("the job runs", f"not running on {self.ranks}: {status.get('last_lines', [])[-2:]}")
+
+    def _check_record(self) -> None:
+        if self.record_path is None or self.measure is None:
+            return
+        with open(self.record_path, encoding="utf-8") as fh:
+            fh.seek(self._record_offset)
+            for line in fh:
+                if not line.endswith("\n"):
+                    break
+                self._record_offset += len(line.encode("utf-8"))
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if item.get("type") == "measurement" and item.get("name") == "sequence_recovery_time" \
+                        and (self.test is None or item.get("test") == self.test):
+                    self._record_seen += 1
+        if self._record_seen < self.measured:
+            raise Broken("the run record holds every measurement taken",
+                         f"{self.measured} taken, {self._record_seen} in {self.record_path}")
+
+
+def replay(story: Story, session, *, log: Callable[[str], None] = print, measure: Callable | None = None) -> bool:
+    """Tell a story on an open bench session, step by step, judging every promise after each.
+    Returns True when every promise held; a step the bench cannot take is a StoryError."""
+    explorer = Explorer(session, measure=measure)
+    for n, step in enumerate(story.steps, 1):
+        why_not = explorer.missing_parts(step)
+        if why_not is not None:
+            raise StoryError(f"step {n} ({step.describe()}) cannot be told on bench {session.bench.name!r}: {why_not}")
+    for n, step in enumerate(story.steps, 1):
+        started = time.monotonic()
+        try:
+            outcome = explorer.apply(step)
+            explorer.check()
+        except Broken as broken:
+            log(f"{n}. {step.describe()}: BROKEN after {time.monotonic() - started:.2f} s: {broken}")
+            return False
+        log(f"{n}. {step.describe()}: {outcome} ({time.monotonic() - started:.2f} s; every promise kept)")
+    return True
