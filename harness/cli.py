@@ -80,9 +80,13 @@ def main() -> None:
 @click.option("--stop-within", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
               help="After Ctrl-C or SIGTERM, how long to wait for the suites to restore the bench and "
                    "stop [default: twice deadlines.opc_s plus 30 s].")
+@click.option("--explore", type=click.Choice(["ci", "nightly", "bench"]), default=None,
+              help="How much the failure-sequence suite explores: ci (hundreds of sequences), nightly "
+                   "(thousands, in 8 shards: add -n auto to spread them over workers), bench (a few; "
+                   "the default).")
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 def run(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], results: Path, report: bool,
-        stop_within: float | None, pytest_args: tuple[str, ...]) -> None:
+        stop_within: float | None, explore: str | None, pytest_args: tuple[str, ...]) -> None:
     """Run the suites against a bench. Extra arguments go to pytest (e.g. -k recovery -x).
 
     Writes Allure results to RESULTS/allure-results and a run record (one JSON object a line,
@@ -113,6 +117,8 @@ def run(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], re
         cmd += ["--time-scale", str(time_scale)]
     for defect in defects:
         cmd += ["--defect", defect]
+    if explore:
+        cmd += ["--explore", explore]
     cmd += list(pytest_args)
     click.echo(f"lumion-hil: bench {bench.name!r} ({bench_path})")
     grace = stop_within if stop_within is not None else 2 * bench.deadlines.opc_s + 30
@@ -332,6 +338,47 @@ def _faults(bench, faults: tuple[str, ...]):
                  for h in bench.topology.hosts]
         bench = bench.model_copy(update={"topology": bench.topology.model_copy(update={"hosts": hosts})})
     return instrument_faults, bench
+
+
+@main.command("replay")
+@click.argument("story_file", metavar="STORY", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_bench_option
+@_scale_option
+@_defect_option
+def replay_cmd(story_file: Path, bench_path: Path, time_scale: float | None, defects: tuple[str, ...]) -> None:
+    """Tell a failure sequence again, step by step, on any bench that has the hosts and NICs it
+    names (a real one included), and judge every promise after each step. STORY is a story file
+    written by the failure-sequence suite (RESULTS/stories/).
+
+    Exit status: 0 every promise kept, 1 one was broken (the story reproduces), 4 the story or
+    the bench cannot be read, or the bench lacks a part the story names, 6 bench busy."""
+    from harness.errors import BenchInUseError, HarnessError
+    from harness.exploration import StoryError, Story, replay
+    from harness.interrupts import INTERRUPTS
+    from harness.session import BenchSession
+
+    bench = _load_or_exit(bench_path, time_scale, defects)
+    try:
+        story = Story.load(story_file)
+    except StoryError as exc:
+        click.echo(f"lumion-hil: {exc}", err=True)
+        sys.exit(ExitCode.BENCH_OR_USAGE_ERROR)
+    click.echo(f"lumion-hil: story {story_file} ({len(story.steps)} step(s), told on {story.bench!r}"
+               f"{f', seed {story.seed}' if story.seed is not None else ''}) on bench {bench.name!r}")
+    if story.broke:
+        click.echo(f"lumion-hil: it broke there: {story.broke}")
+    INTERRUPTS.install()
+    try:
+        with BenchSession.open(bench) as session:
+            kept = replay(story, session, log=click.echo)
+    except BenchInUseError as exc:
+        click.echo(f"lumion-hil: {exc}", err=True)
+        sys.exit(ExitCode.BENCH_BUSY)
+    except (StoryError, HarnessError) as exc:
+        click.echo(f"lumion-hil: {exc}", err=True)
+        sys.exit(ExitCode.BENCH_OR_USAGE_ERROR)
+    click.echo("lumion-hil: every promise kept" if kept else "lumion-hil: a promise was broken (above)")
+    sys.exit(ExitCode.PASSED if kept else ExitCode.TESTS_FAILED)
 
 
 @main.command("defects")

@@ -65,13 +65,20 @@ PROFILES = {
     "nightly": "thousands, in 8 shards to spread over pytest-xdist workers (-n auto)",
     "bench": "a few at the bench's own speed (real time on a real bench): the default",
 }
+# sequences, most steps in one, shards
+_SIZES = {"ci": (320, 8, 1), "nightly": (4000, 12, 8), "bench": (5, 4, 1)}
 
 
-def profile(name: str, seed: int, examples_dir: Path) -> Profile:
+def shards(name: str | None) -> int:
+    """How many shards a profile's exploration is cut into (one test each)."""
+    return _SIZES[name or "bench"][2]
+
+
+def profile(name: str, seed: int, examples_dir: Path, sequences: int | None = None) -> Profile:
     if name not in PROFILES:
         raise ValueError(f"unknown exploration profile {name!r}; known: {', '.join(PROFILES)}")
-    sequences, max_steps, shards = {"ci": (320, 8, 1), "nightly": (4000, 12, 8), "bench": (5, 4, 1)}[name]
-    return Profile(name, sequences, max_steps, shards, seed, examples_dir)
+    count, max_steps, pieces = _SIZES[name]
+    return Profile(name, sequences or count, max_steps, pieces, seed, examples_dir)
 
 
 class Broken(AssertionError):
@@ -268,8 +275,14 @@ class Explorer:
                 self.injector.repair(fault)
         for (host, nic), _ in getattr(self, "model", _Model()).fading.items():
             self.injector.repair(Fault("transceiver_degradation", host, nic))
-        if session.world is not None:  # emulated: whatever a story broke, heal all of it
-            session.world.heal()
+        world = session.world
+        if world is not None:  # emulated: whatever a story broke, heal all of it
+            world.heal()
+            # a circuit on a protected port is one a broken controller made (the guard never
+            # switches it back): in the emulated world it can be undone
+            stray = [(i, e) for i, e in world.connections().items() if {i, e} & self.protected]
+            if stray:
+                world.disconnect(stray)
         session.restore_baseline()
         self.model = _Model()
         self.ranks = list(self.bench.job.ranks)
@@ -484,6 +497,7 @@ class Explorer:
         self.controller.ranks = list(self.ranks)
 
     def _judge(self, result: RecoveryResult, expect: str, step: Step) -> None:
+        self._check_safety(self.session.switch.connections())  # a broken safety rule first: it says most
         if result.status == "failed":
             raise Broken("a recovery succeeds or says degraded", f"{step.describe()}: failed: {result.reason}")
         if result.status != expect:
@@ -497,16 +511,7 @@ class Explorer:
     def check(self) -> None:
         """Every promise, read from the bench through its drivers and agents."""
         live = self.session.switch.connections()
-        egress = list(live.values())
-        doubled = sorted({e for e in egress if egress.count(e) > 1})
-        if doubled:
-            raise Broken("no port is in two circuits", f"egress port(s) {doubled}")
-        touched = sorted({p for pair in live.items() for p in pair} & self.protected)
-        if touched:
-            raise Broken("protected ports are untouched", f"circuits on protected port(s) {touched}: {live}")
-        world = self.session.world
-        if world is not None and world.violations:
-            raise Broken("protected ports are untouched", str(world.violations[0]))
+        self._check_safety(live)
         job_ports = {p for h in self.ranks for n in self.bench.host(h).nics for p in (n.tx_port, n.rx_port)}
         stray = sorted((i, e) for i, e in live.items() if not {i, e} <= job_ports)
         if stray and self.state == "running":
@@ -519,6 +524,18 @@ class Explorer:
             raise Broken("degraded only while no spare is left",
                          f"degraded with usable spare(s) {self.usable_spares()} for {self.ranks}")
         self._check_record()
+
+    def _check_safety(self, live: dict[int, int]) -> None:
+        egress = list(live.values())
+        doubled = sorted({e for e in egress if egress.count(e) > 1})
+        if doubled:
+            raise Broken("no port is in two circuits", f"egress port(s) {doubled}")
+        touched = sorted({p for pair in live.items() for p in pair} & self.protected)
+        if touched:
+            raise Broken("protected ports are untouched", f"circuits on protected port(s) {touched}: {live}")
+        world = self.session.world
+        if world is not None and world.violations:
+            raise Broken("protected ports are untouched", str(world.violations[0]))
 
     def _owner(self, port: int) -> str:
         for host, nic in self.bench.nic_ports():

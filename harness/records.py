@@ -8,7 +8,9 @@ version); each measurement line has ``"type": "measurement"`` with ``test``, ``n
 ``error``, ``skipped``, ``interrupted``); other lines (``"type": "note"``) carry events worth
 keeping. The last line (``"type": "end"``) says how the run ended: ``outcome`` (``passed``,
 ``failed``, ``interrupted``, ``crashed``, ...), ``exit_status``, ``counts`` and ``duration_s``. A
-record without it is of a run that did not finish (killed, or the machine died).
+record without it is of a run that did not finish (killed, or the machine died). With
+pytest-xdist each worker process adds its own ``run`` line and its measurements; the test lines
+and the closing line come from the controlling process.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, note, seed, settings, strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from harness.exploration import DURING, NIC_KINDS, Broken, Explorer, Step, Story
+from harness.exploration import DURING, NIC_KINDS, Broken, Explorer, Step, Story, shards
 from harness.measurements import Spec
 from harness.progress import PROGRESS
 
@@ -29,9 +29,8 @@ pytestmark = allure.feature("failure sequences")
 
 def pytest_generate_tests(metafunc):
     if "shard" in metafunc.fixturenames:
-        profile = metafunc.config.getoption("--explore", default=None) or "auto"
-        shards = 8 if profile == "nightly" else 1
-        metafunc.parametrize("shard", range(shards), ids=[f"shard{i}" for i in range(shards)])
+        count = shards(metafunc.config.getoption("--explore", default=None))
+        metafunc.parametrize("shard", range(count), ids=[f"shard{i}" for i in range(count)])
 
 
 ACTIONS = ("fault", "fault", "fault", "quiet", "degrade", "repair", "repair")

@@ -1,0 +1,100 @@
+"""Failure sequences catch broken controllers and shrink them to short stories; a story saved
+on one bench replays on another; on a served bench a recovery that cannot succeed fails fast
+and says why. The exploration runs the real suite (test_suites/test_failure_sequences.py) in a
+subprocess, as `lumion-hil run` does."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import BENCHES, ROOT, serve_bench
+from harness.exploration import Step, Story
+
+SUITE = ROOT / "test_suites" / "test_failure_sequences.py"
+
+
+def explore(tmp_path: Path, bench: Path, *extra: str, timeout: float = 300) -> tuple[int, str, list[Path]]:
+    results = tmp_path / "results"
+    cmd = [sys.executable, "-m", "pytest", str(SUITE), "--bench", str(bench), "-p", "no:cacheprovider",
+           "--rootdir", str(SUITE.parent), "--run-record", str(results / "records" / "run.jsonl"), "-q", *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    return proc.returncode, proc.stdout + proc.stderr, sorted((results / "stories").glob("*.yaml"))
+
+
+# defect, the promises its stories may break
+BROKEN_CONTROLLERS = [
+    # it wires a ring host to itself: the switch refuses, or the job runs short
+    ("spare_in_use", ("a recovery succeeds or says degraded", "the job runs at full size")),
+    ("leaves_failed_circuits", ("no circuit is left on a host outside the job",)),
+    ("never_degraded", ("a recovery succeeds or says degraded",)),
+    ("unguarded_protected_port", ("protected ports are untouched",)),
+]
+
+
+@pytest.mark.parametrize("defect,promise", BROKEN_CONTROLLERS, ids=[d for d, _ in BROKEN_CONTROLLERS])
+def test_a_broken_controller_is_caught_and_shrunk_to_a_short_story(tmp_path, defect, promise):
+    status, output, stories = explore(tmp_path, BENCHES / "exploration.yaml", "--explore", "ci",
+                                      "--explore-sequences", "120", "--explore-seed", "11", "--defect", defect)
+    assert status == 1, output[-3000:]
+    assert len(stories) == 1, output[-3000:]
+    story = Story.load(stories[0])
+    assert story.broke.startswith(promise), story.broke
+    assert 1 <= len(story.steps) <= 3, stories[0].read_text()
+    assert all(s.host for s in story.steps if s.action != "quiet")  # hosts by name, never by index
+
+
+def test_the_reference_controller_keeps_every_promise_on_a_short_exploration(tmp_path):
+    status, output, stories = explore(tmp_path, BENCHES / "exploration.yaml", "--explore", "ci",
+                                      "--explore-sequences", "30", "--explore-seed", "5")
+    assert status == 0 and not stories, output[-3000:]
+
+
+def test_a_story_saved_on_the_default_bench_replays_on_the_serial_bench(tmp_path):
+    status, output, stories = explore(tmp_path, BENCHES / "emulated.yaml", "--time-scale", "0.2",
+                                      "--explore-seed", "3", "--defect", "spare_in_use")
+    assert status == 1 and len(stories) == 1, output[-3000:]
+    story = Story.load(stories[0])
+    assert story.bench == "emulated-prototype"
+    replay = [sys.executable, "-m", "harness", "replay", str(stories[0]), "--bench",
+              str(BENCHES / "emulated-serial.yaml"), "--time-scale", "0.2"]
+    again = subprocess.run(replay + ["--defect", "spare_in_use"], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 1, again.stdout + again.stderr  # the same controller breaks it there too
+    assert "BROKEN" in again.stdout and "emulated-serial" in again.stdout
+    fixed = subprocess.run(replay, capture_output=True, text=True, timeout=120)
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr  # the reference controller keeps it
+    assert "every promise kept" in fixed.stdout
+
+
+def test_a_story_naming_parts_the_bench_lacks_is_refused_before_anything_moves(tmp_path):
+    story = tmp_path / "story.yaml"
+    Story("exploration", [Step("fault", host="host6", kind="gpu_failure")]).save(story)
+    proc = subprocess.run([sys.executable, "-m", "harness", "replay", str(story), "--bench",
+                           str(BENCHES / "emulated.yaml"), "--time-scale", "0.2"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "step 1 (gpu_failure at host6) cannot be told on bench 'emulated-prototype': " \
+           "bench 'emulated-prototype' has no host 'host6'" in proc.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"steps": [{"fault": "meteor", "host": "host1"}]}))
+    proc = subprocess.run([sys.executable, "-m", "harness", "replay", str(bad)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 4 and "unknown fault 'meteor'" in proc.stderr
+
+
+def test_on_a_served_bench_a_recovery_that_cannot_succeed_fails_fast_and_says_why(tmp_path):
+    """The spare's NIC never locks: each recovery onto it ends at the scaled link deadline with
+    the reason, and the run ends in a minute, not after ten silent ones."""
+    with serve_bench(BENCHES / "emulated.yaml", tmp_path, 0.2, "--defect", "slow_nic_lock=60@host3") as (bench, _, _):
+        started = time.monotonic()
+        status, output, stories = explore(tmp_path, bench, "--explore-seed", "2", "--explore-sequences", "3",
+                                          timeout=240)
+        took = time.monotonic() - started
+    assert status == 1, output[-3000:]
+    assert took < 90, f"took {took:.0f} s"
+    assert "did not come up within" in output and "host3" in output, output[-3000:]
