@@ -270,6 +270,8 @@ class ReferenceController(RecoveryController):
             if plan.ranks_after == []:
                 result.status, result.reason = "degraded", plan.diagnosis
                 return result
+            if plan.add or plan.remove:
+                self._stop_job_meanwhile()
             plan = self._carry_out(result, plan, give_up)
             if plan is None:
                 return result
@@ -414,9 +416,31 @@ class ReferenceController(RecoveryController):
         return Plan(plan.failed_host, spares[-1] if spares else plan.spare, plan.ranks_before, ranks, remove, add,
                     diagnosis=diagnosis)
 
+    def _stop_job_meanwhile(self) -> None:
+        """The job is broken once a failure is detected: stop it on every host while the fabric
+        is rewired (off the critical path); the restart waits for it before starting again."""
+        done: dict = {}
+
+        def stop() -> None:
+            try:
+                self.session.stop_job()
+            except Exception as exc:  # raised by the restart, which needs it stopped
+                done["error"] = exc
+
+        thread = threading.Thread(target=stop, daemon=True, name="stop-job")
+        thread.start()
+        self._stopping = (thread, done)
+
     def _restart(self, ranks: list[str]) -> None:
         """The job, stopped everywhere, started again on the new rank map."""
-        self.session.stop_job()
+        stopping, self._stopping = getattr(self, "_stopping", None), None
+        if stopping is not None:
+            thread, done = stopping
+            thread.join()
+            if "error" in done:
+                raise done["error"]
+        else:
+            self.session.stop_job()
         self.session.start_job(ranks)
 
     def _apply(self, result: RecoveryResult, plan: Plan, give_up: float, record: bool = True) -> None:
