@@ -63,6 +63,7 @@ PROOFS = [
      {"controller_report_error"}),
     ("spare_in_use", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2, None,
      {"test:test_recovery_time[gpu_failure]"}),
+    ("spare_in_use", ["test_failure_sequences.py"], None, 0.2, None, {"sequences_explored"}),
     ("leaves_failed_circuits", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2, three_port_bench,
      {"failed_host_circuits_removed"}),
     ("unguarded_protected_port", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2,
