@@ -268,6 +268,20 @@ class Explorer:
 
     def reset(self) -> None:
         """Every fault repaired, the baseline restored, the job running on its ranks."""
+        self.finish()
+        session = self.session
+        self.model = _Model()
+        self.ranks = list(self.bench.job.ranks)
+        self.state = "running"
+        self.last: RecoveryResult | None = None
+        self.controller = load_controller(session, self.ranks)
+        session.start_job(self.ranks)
+        if not session.hosts[self.ranks[0]].wait_step(1, self.bench.waits.recovery_s)["reached"]:
+            raise Broken("the job runs", f"it did not start on {self.ranks} after a reset")
+
+    def finish(self) -> None:
+        """Leave the bench as exploration found it: the job stopped, every fault made repaired,
+        the baseline restored."""
         session = self.session
         session.stop_job()
         for faults in getattr(self, "model", _Model()).faults.values():
@@ -285,13 +299,6 @@ class Explorer:
                 world.disconnect(stray)
         session.restore_baseline()
         self.model = _Model()
-        self.ranks = list(self.bench.job.ranks)
-        self.state = "running"
-        self.last: RecoveryResult | None = None
-        self.controller = load_controller(session, self.ranks)
-        session.start_job(self.ranks)
-        if not session.hosts[self.ranks[0]].wait_step(1, self.bench.waits.recovery_s)["reached"]:
-            raise Broken("the job runs", f"it did not start on {self.ranks} after a reset")
 
     # -- steps -----------------------------------------------------------------------------------
 
@@ -599,13 +606,16 @@ def replay(story: Story, session, *, log: Callable[[str], None] = print, measure
         why_not = explorer.missing_parts(step)
         if why_not is not None:
             raise StoryError(f"step {n} ({step.describe()}) cannot be told on bench {session.bench.name!r}: {why_not}")
-    for n, step in enumerate(story.steps, 1):
-        started = time.monotonic()
-        try:
-            outcome = explorer.apply(step)
-            explorer.check()
-        except Broken as broken:
-            log(f"{n}. {step.describe()}: BROKEN after {time.monotonic() - started:.2f} s: {broken}")
-            return False
-        log(f"{n}. {step.describe()}: {outcome} ({time.monotonic() - started:.2f} s; every promise kept)")
-    return True
+    try:
+        for n, step in enumerate(story.steps, 1):
+            started = time.monotonic()
+            try:
+                outcome = explorer.apply(step)
+                explorer.check()
+            except Broken as broken:
+                log(f"{n}. {step.describe()}: BROKEN after {time.monotonic() - started:.2f} s: {broken}")
+                return False
+            log(f"{n}. {step.describe()}: {outcome} ({time.monotonic() - started:.2f} s; every promise kept)")
+        return True
+    finally:
+        explorer.finish()  # repaired, baseline restored: a real bench is left as it was found

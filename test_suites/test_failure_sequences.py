@@ -13,6 +13,7 @@ of sequences explored are measured and recorded."""
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 
 import allure
@@ -126,6 +127,13 @@ def test_failure_sequences(shard, bench, bench_file, exploration, measure, recor
         print(f"\n{story.dump()}\nstory saved: {path} (lumion-hil replay {path} --bench BENCH)")
         raise
     finally:
+        failing = sys.exc_info()[0] is not None
+        try:
+            explorer.finish()  # the later suites find the bench as it was
+        except Exception as exc:
+            print(f"lumion-hil: the bench could not be put back after exploring: {exc}")
+            if not failing:
+                raise
         took = time.monotonic() - started
         measure(Spec("sequences_explored", "sequences", description="failure sequences explored in this shard")
                 .at_least(examples, f"profile {profile.name}: {examples} per shard"), float(len(lengths)),
