@@ -401,6 +401,8 @@ class Explorer:
             listeners.remove(second)
         if step.spare_fails and not extra:
             needed -= 1  # no spare was taken (none was left): none could fail
+        if step.during is not None and not extra and step.during.kind in REPLACING:
+            needed -= 1  # the recovery never entered that phase (or the controller does not say its phases)
         expect = "degraded" if needed > usable else "recovered"
         self._judge(result, expect, step)
         return f"{result.status}: {result.reason}"
