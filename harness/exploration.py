@@ -324,22 +324,10 @@ class Explorer:
         missing = self.missing_parts(step)
         if missing is not None:
             return missing
-        names = self.hosts_named()
-        for s in (step, step.during):
-            if s is None:
-                continue
-            if s.host is not None and s.host not in names:
-                return f"bench {self.bench.name!r} has no host {s.host!r}"
-            if s.nic is not None and s.nic not in self.nics_of(s.host):
-                return f"host {s.host!r} has no NIC {s.nic!r}"
-            if s.kind is not None and not self.can_make(s.kind):
-                return f"{s.kind}: {self.injector.supported(s.kind)[1]}"
         if step.action in ("fault", "degrade") and self.state != "running":
             return "the job is degraded: nothing runs to fail"
         if step.action in ("fault", "degrade") and step.host not in self.ranks:
             return f"{step.host} is not in the job ({', '.join(self.ranks)})"
-        if step.action == "degrade" and not self.can_make("transceiver_degradation"):
-            return "this bench cannot fade a transmitter"
         if step.during is not None and (step.during.host not in self.ranks or step.during.host == step.host):
             return f"{step.during.host} is not another host of the job"
         if step.action == "repair" and not self.model.broken(step.host) \

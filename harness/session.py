@@ -22,6 +22,26 @@ from instruments.protocols import OutOfRange
 log = logging.getLogger("lumion_hil")
 
 
+def _all_at_once(action, calls: list[tuple]) -> None:
+    """Run ``action(*args)`` for each args in parallel threads; every call runs even if another
+    fails, and the first failure is raised once all have ended."""
+    errors: list[Exception] = []
+
+    def run(*args) -> None:
+        try:
+            action(*args)
+        except Exception as exc:  # noted; the others still run
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=args, daemon=True) for args in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 @dataclass
 class BenchSession:
     bench: Bench
@@ -115,25 +135,15 @@ class BenchSession:
         command = self.job_command(ranks)
         master = self.bench.host(ranks[0])
         started: dict[str, dict] = {}
-        errors: list[Exception] = []
 
         def start(rank: int, host_name: str) -> None:
             fields = {"rank": rank, "world_size": len(ranks), "gpu": 0, "master_port": job.master_port,
                       "master_addr": "127.0.0.1" if master.emulated or master.world_address or master.address == "local"
                            else master.address.split("@")[-1],
                       "heartbeat": f"{job.heartbeat_dir}/rank{rank}.jsonl"}
-            try:
-                started[host_name] = self.hosts[host_name].start_job(command, fields, self.fabric_env(host_name, fabric))
-            except Exception as exc:  # noted; raised once every rank was tried
-                errors.append(exc)
+            started[host_name] = self.hosts[host_name].start_job(command, fields, self.fabric_env(host_name, fabric))
 
-        threads = [threading.Thread(target=start, args=(rank, host), daemon=True) for rank, host in enumerate(ranks)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        _all_at_once(start, list(enumerate(ranks)))
         return {host: started[host] for host in ranks}
 
     def nccl_tests_command(self, collective: str, ranks: list[str], fabric: str = "optical",
@@ -161,21 +171,8 @@ class BenchSession:
 
     def stop_job(self) -> None:
         """Stop the job on every host, all at once."""
-        errors: list[Exception] = []
-
-        def stop(host) -> None:
-            try:
-                host.stop_job(timeout_s=INTERRUPTS.wait_s(10.0))
-            except Exception as exc:  # noted; the others still stop
-                errors.append(exc)
-
-        threads = [threading.Thread(target=stop, args=(h,), daemon=True) for h in self.hosts.values()]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        _all_at_once(lambda host: host.stop_job(timeout_s=INTERRUPTS.wait_s(10.0)),
+                     [(h,) for h in self.hosts.values()])
 
     def detector_dbm(self, detector: Detector) -> "float | OutOfRange":
         """Optical power at the port a detector watches, corrected for its tap loss."""
