@@ -133,6 +133,7 @@ class ReferenceController(RecoveryController):
         self._threads: list[threading.Thread] = []
         self._circuits: dict[int, int] = {}  # the cross-connects the job ran on, read at arm
         self._give_up: float | None = None  # time.monotonic() at which the recovery gives up
+        self._stopping: tuple | None = None  # the job being stopped while the fabric is rewired
         # Hosts this controller took out of the job: never a spare again until the lab says they
         # are repaired (return_to_service). A long-lived controller remembers across recoveries.
         self.out_of_service: dict[str, str] = {}
@@ -161,24 +162,24 @@ class ReferenceController(RecoveryController):
         watched = [(h, n, det) for h in self.ranks for n in self.bench.host(h).nics if n.rx_port in connected_rx
                    for det in self.bench.detectors_for_port(n.rx_port)[:1]]
         if watched:
-            self._watch(self._watch_margin, watched, None)
+            self._watch(self._watch_margin, None, None, watched)
 
-    def _watch(self, target, *args) -> None:
-        thread = threading.Thread(target=self._guarded, args=(target, self._stop, *args), daemon=True)
+    def _watch(self, target, agent, host: str | None, *args) -> None:
+        """Run ``target(stop, agent, host, *args)`` in a thread of its own until it reports."""
+        thread = threading.Thread(target=self._guarded, args=(target, self._stop, agent, host, *args), daemon=True)
         thread.start()
         self._threads.append(thread)
 
-    def _guarded(self, target, stop: threading.Event, *args) -> None:
+    def _guarded(self, target, stop: threading.Event, agent, host: str | None, *args) -> None:
         while not stop.is_set():
             try:
-                target(stop, *args)
+                target(stop, agent, host, *args)
                 return
             except InstrumentError as exc:
-                agent = args[0]
-                if getattr(agent, "alive", False):
+                if agent is not None and agent.alive:
                     continue  # a slow reply (a loaded host): not a failure; watch on
-                if isinstance(args[1], str):  # an agent that is gone is itself a failure of that host
-                    self._report(Detection("agent_lost", args[1], self.timeline.clock(), detail={"error": str(exc)}),
+                if host is not None:  # an agent that is gone is itself a failure of that host
+                    self._report(Detection("agent_lost", host, self.timeline.clock(), detail={"error": str(exc)}),
                                  stop)
                 return
 
@@ -224,7 +225,7 @@ class ReferenceController(RecoveryController):
                                                                 "last_lines": status.get("last_lines", [])}), stop)
                 return
 
-    def _watch_margin(self, stop, watched: list, _unused) -> None:
+    def _watch_margin(self, stop, _agent, _host, watched: list) -> None:
         """Light fading on a circuit the job runs on (a transmitter degrading, a connector getting
         dirty): below sensitivity + margin it is a failure to act on before the link drops."""
         floor = self.bench.limits.receiver_sensitivity_dbm.value + self.bench.limits.link_margin_db.value
@@ -292,8 +293,9 @@ class ReferenceController(RecoveryController):
         for attempt in range(len(self.bench.topology.hosts)):
             try:
                 self._switch_in(result, plan, give_up, first=attempt == 0)
-                return plan
+                return result.plan
             except RecoveryError as exc:
+                plan = result.plan  # the fallback, where the first guess was wrong
                 lost = [h for h in plan.ranks_after if self._host_lost(h)]
                 if not lost:
                     raise
@@ -333,7 +335,9 @@ class ReferenceController(RecoveryController):
         return result
 
     def _switch_in(self, result: RecoveryResult, plan: Plan, give_up: float, first: bool) -> None:
-        """Rewire (trying the other end where the diagnosis was a guess), restart, first step."""
+        """Rewire (trying the other end where the diagnosis was a guess), restart, first step.
+        ``result.plan`` is the plan carried out."""
+        result.plan = plan
         try:
             self._apply(result, plan, give_up)
         except RecoveryError as failed:
@@ -347,8 +351,7 @@ class ReferenceController(RecoveryController):
                 fallback = plan.fallback
                 fallback.diagnosis += f" (the first guess failed: {failed})"
                 self.out_of_service[fallback.failed_host] = self.out_of_service.pop(plan.failed_host, "diagnosed")
-                plan.__dict__.update(fallback.__dict__)
-                result.plan = plan
+                plan = result.plan = fallback
                 self._apply(result, plan, give_up, record=False)
         with self._phase(result, "restart"):
             self._restart(plan.ranks_after)
@@ -433,7 +436,7 @@ class ReferenceController(RecoveryController):
 
     def _restart(self, ranks: list[str]) -> None:
         """The job, stopped everywhere, started again on the new rank map."""
-        stopping, self._stopping = getattr(self, "_stopping", None), None
+        stopping, self._stopping = self._stopping, None
         if stopping is not None:
             thread, done = stopping
             thread.join()

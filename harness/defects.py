@@ -88,28 +88,14 @@ def _wrong_switch_size(data, value):
     _emulation(_switch(data))["reported_ports"] = [n_in + extra, n_out + extra]
 
 
-def _slow_nic_lock(data, value):
-    seconds, host = _split(value, "0.5")
-    for h in _hosts(data, host):
-        _emulation(h)["lock_time_s"] = _number(seconds, "slow_nic_lock's seconds")
+def _host_setting(setting: str, default: str, what: str, convert=float):
+    """A defect that sets one emulation setting on every host, or on one (VALUE@HOST)."""
+    def apply(data, value):
+        number, host = _split(value, default)
+        for h in _hosts(data, host):
+            _emulation(h)[setting] = convert(_number(number, what))
 
-
-def _flapping_nic(data, value):
-    flaps, host = _split(value, "3")
-    for h in _hosts(data, host):
-        _emulation(h)["link_flaps"] = int(_number(flaps, "flapping_nic's flaps"))
-
-
-def _slow_link(data, value):
-    fraction, host = _split(value, "0.5")
-    for h in _hosts(data, host):
-        _emulation(h)["link_rate_factor"] = _number(fraction, "slow_link's fraction")
-
-
-def _slow_agent(data, value):
-    seconds, host = _split(value, "0.02")
-    for h in _hosts(data, host):
-        _emulation(h)["agent_latency_s"] = _number(seconds, "slow_agent's seconds")
+    return apply
 
 
 def _silent_data_corruption(data, value):
@@ -141,10 +127,13 @@ CATALOGUE: dict[str, Defect] = {d.name: d for d in (
     Defect("wrong_switch_size", "the switch reports N more ports each side than the bench file says", "8",
            _wrong_switch_size),
     Defect("slow_nic_lock", "the NICs take S seconds to lock after light arrives (S@HOST: one host)", "0.5",
-           _slow_nic_lock),
-    Defect("flapping_nic", "links come up and drop N times before they stay up (N@HOST: one host)", "3", _flapping_nic),
-    Defect("slow_link", "optical links carry a fraction F of their rate (F@HOST: one host's)", "0.5", _slow_link),
-    Defect("slow_agent", "hosts tell their agents of link changes and job output S seconds late", "0.02", _slow_agent),
+           _host_setting("lock_time_s", "0.5", "slow_nic_lock's seconds")),
+    Defect("flapping_nic", "links come up and drop N times before they stay up (N@HOST: one host)", "3",
+           _host_setting("link_flaps", "3", "flapping_nic's flaps", int)),
+    Defect("slow_link", "optical links carry a fraction F of their rate (F@HOST: one host's)", "0.5",
+           _host_setting("link_rate_factor", "0.5", "slow_link's fraction")),
+    Defect("slow_agent", "hosts tell their agents of link changes and job output S seconds late", "0.02",
+           _host_setting("agent_latency_s", "0.02", "slow_agent's seconds")),
     Defect("silent_data_corruption", "a GPU computes wrong results without an error (HOST; default: rank 0's)",
            None, _silent_data_corruption),
     Defect("slow_controller", "the controller spends N ms more in one phase (MS@PHASE; default plan)", "600",

@@ -51,10 +51,6 @@ class Profile:
     seed: int
     examples_dir: Path
 
-    @property
-    def shrink(self) -> bool:
-        return True
-
     def database(self, bench) -> Path:
         """The per-bench example database (failing stories are tried first next time)."""
         return self.examples_dir / bench.name
@@ -220,7 +216,7 @@ class Explorer:
     """Carries out steps on an open session and judges the promises after each."""
 
     def __init__(self, session, *, measure: Callable | None = None, record_path: str | Path | None = None,
-                 test: str | None = None, log: Callable[[str], None] = lambda text: None):
+                 test: str | None = None):
         if session.bench.job is None:
             raise StoryError(f"bench {session.bench.name!r} has no job section: nothing to keep running")
         self.session = session
@@ -231,7 +227,6 @@ class Explorer:
         self.measure = measure
         self.record_path = Path(record_path) if record_path else None
         self.test = test
-        self.log = log
         self.measured = 0
         self._record_seen = 0
         self._record_offset = 0
@@ -270,7 +265,6 @@ class Explorer:
         """Every fault repaired, the baseline restored, the job running on its ranks."""
         self.finish()
         session = self.session
-        self.model = _Model()
         self.ranks = list(self.bench.job.ranks)
         self.state = "running"
         self.last: RecoveryResult | None = None
@@ -419,8 +413,7 @@ class Explorer:
             return False
         owner = self.bench.nic_on_rx_port(receiver_port)
         rx_loss = owner[1].rx_fibre_loss_db if owner else 0.0
-        insertion = self.bench.switch.emulation.insertion_loss_db if self.session.world is not None else 1.5
-        received = (nic.launch_dbm - loss_db - nic.tx_fibre_loss_db - insertion - rx_loss
+        received = (nic.launch_dbm - loss_db - nic.tx_fibre_loss_db - self.bench.switch.emulation.insertion_loss_db - rx_loss
                     - self.bench.topology.connector_loss_db)
         floor = self.bench.limits.receiver_sensitivity_dbm.value + self.bench.limits.link_margin_db.value
         return received < floor

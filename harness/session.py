@@ -146,6 +146,12 @@ class BenchSession:
         _all_at_once(start, list(enumerate(ranks)))
         return {host: started[host] for host in ranks}
 
+    def fresh_job(self, ranks: list[str], fabric: str = "optical") -> dict[str, dict]:
+        """The job stopped everywhere, the baseline restored, and the job started on ``ranks``."""
+        self.stop_job()
+        self.restore_baseline()
+        return self.start_job(ranks, fabric)
+
     def nccl_tests_command(self, collective: str, ranks: list[str], fabric: str = "optical",
                            sizes: tuple[int, int] | None = None) -> tuple[list[str], dict[str, str]]:
         """argv and environment to run one nccl-tests program over ``ranks`` from the first

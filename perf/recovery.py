@@ -31,9 +31,7 @@ def recoveries(bench_file: str, scale: float, n: int):
         injector = Injector(session, seed=bench.recovery.fault_seed)
         ranks = list(bench.job.ranks)
         for i in range(n):
-            session.stop_job()
-            session.restore_baseline()
-            session.start_job(ranks)
+            session.fresh_job(ranks)
             assert session.hosts[ranks[0]].wait_step(1, 60)["reached"]
             controller = load_controller(session, ranks)
             controller.arm()

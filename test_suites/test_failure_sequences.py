@@ -91,7 +91,7 @@ def test_failure_sequences(shard, bench, bench_file, exploration, measure, recor
     @settings(max_examples=examples, deadline=None, derandomize=False, print_blob=False,
               database=DirectoryBasedExampleDatabase(str(profile.database(bench_file))),
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-              phases=[Phase.reuse, Phase.generate, Phase.shrink, Phase.explain][: 3 if profile.shrink else 2])
+              phases=[Phase.reuse, Phase.generate, Phase.shrink])
     @seed(the_seed)
     @given(st.data())
     def sequence(data):

@@ -27,9 +27,7 @@ def running_job(bench, bench_file, gpu_hosts):
     if bench_file.job is None:
         pytest.skip("the bench file has no job section")
     ranks = list(bench_file.job.ranks)
-    bench.stop_job()
-    bench.restore_baseline()
-    bench.start_job(ranks)
+    bench.fresh_job(ranks)
     status = gpu_hosts[ranks[0]].wait_step(1, bench_file.waits.recovery_s)
     assert status["reached"], f"the job did not start healthy on {ranks}: {status.get('last_lines')}"
     yield ranks
@@ -179,9 +177,7 @@ def test_migration_baseline_against_optical_recovery(bench, bench_file, running_
     assert optical.status == "recovered", optical.reason
     optical_s = (optical.first_step_ns - fault_ns) / 1e9
 
-    bench.stop_job()
-    bench.restore_baseline()
-    bench.start_job(running_job)
+    bench.fresh_job(running_job)
     assert gpu_hosts[running_job[0]].wait_step(1, bench_file.waits.recovery_s)["reached"]
     injector = Injector(bench, seed=bench_file.recovery.fault_seed)
     controller = load_controller(bench, running_job)

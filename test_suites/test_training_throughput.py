@@ -24,9 +24,7 @@ def rates(bench, bench_file):
     if bench_file.job is None:
         pytest.skip("the bench file has no job section")
     ranks = list(bench_file.job.ranks)
-    bench.stop_job()
-    bench.restore_baseline()
-    bench.start_job(ranks)
+    bench.fresh_job(ranks)
     out = {"before": observe_step_rate(bench, ranks, INTERVALS)}
     injector, fault, fault_ns, result = recover_once(bench, ranks)
     try:

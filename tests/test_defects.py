@@ -42,6 +42,10 @@ def protected_spare_bench(tmp_path) -> Path:
     return out
 
 
+def exploration_bench(tmp_path) -> Path:
+    return BENCHES / "exploration.yaml"
+
+
 # defect, suites (files, -k), time scale, bench, verdicts that must turn red. A verdict is a
 # measurement's name, or "test:NAME" for a test whose own assertion is the verdict.
 PROOFS = [
@@ -64,6 +68,8 @@ PROOFS = [
     ("spare_in_use", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2, None,
      {"test:test_recovery_time[gpu_failure]"}),
     ("spare_in_use", ["test_failure_sequences.py"], None, 0.2, None, {"sequences_explored"}),
+    ("slow_controller=4000", ["test_failure_sequences.py"], None, 0.02, exploration_bench,
+     {"sequence_recovery_time", "sequences_explored"}),
     ("leaves_failed_circuits", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2, three_port_bench,
      {"failed_host_circuits_removed"}),
     ("unguarded_protected_port", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2,
