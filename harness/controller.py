@@ -30,6 +30,9 @@ _WATCH_WINDOW_S = 0.25
 # Light this far below the receiver's sensitivity is still light (a faded transmitter, a dirty
 # connector), not the darkness of a cut fibre or a failed port (meters read 40 dB lower there).
 DIM_LIGHT_DB = 20.0
+# A transmitter's light this far below what it launches, read at the switch, has faded (well
+# above a monitor's repeatability, below the smallest fade that matters on a thin loss budget).
+FADE_SEEN_DB = 0.5
 # XIDs after which the GPU cannot go on: 79 fell off the bus, 48 double-bit ECC, 74 NVLink error,
 # 94/95 contained/uncontained ECC (NVIDIA's XID catalogue). Application XIDs (13, 31, 43) are not.
 _FATAL_XIDS = (79, 48, 74, 94, 95)  # how long each watcher's event wait lasts before it checks for disarm
@@ -565,12 +568,16 @@ class ReferenceController(RecoveryController):
         sensitivity = self.bench.limits.receiver_sensitivity_dbm.value
         margin = self.bench.limits.link_margin_db.value
         if self.session.switch.has_power_monitors and sender is not None:
-            arriving = self.session.switch.port_power_dbm([feeding])[feeding]
-            launched = sender[1].launch_dbm - sender[1].tx_fibre_loss_db
+            read = self.session.switch.port_power_dbm([feeding, nic.rx_port])
+            arriving, leaving = read[feeding], read[nic.rx_port]
             if arriving < sensitivity:
                 return sender[0].name, None  # no usable light reaches the switch: the sender failed
-            if detection.kind == "margin_low" and arriving < launched - margin:
-                return sender[0].name, None  # the light fading is already short at the switch
+            # How much light the sender's side lost before the switch, and whether that explains
+            # the receiver's shortfall (with its full light, the receiver would be above the floor).
+            short = sender[1].launch_dbm - sender[1].tx_fibre_loss_db - arriving
+            received = leaving - nic.rx_fibre_loss_db
+            if short > margin or (short >= FADE_SEEN_DB and received + short >= sensitivity + margin):
+                return sender[0].name, None  # the light is already short at the switch: it faded
             return detection.host, None  # the light arrives at the switch: the far side failed
         for det in self.bench.detectors_for_port(nic.rx_port):
             reading = self.session.detector_dbm(det)

@@ -245,6 +245,22 @@ def test_dim_light_at_a_meter_points_at_the_transmitter():
         assert result.plan.failed_host == "host0"
 
 
+@pytest.mark.parametrize("fade_db", [2.0, 4.0])
+def test_a_small_fade_on_a_thin_loss_budget_is_blamed_on_the_transmitter(fade_db):
+    """The mesh's 10 dB insertion loss leaves under 1 dB of margin: a 2 dB fade takes the
+    receiver below the floor while the light at the switch is only 2 dB short, less than the
+    link margin; 4 dB takes it below sensitivity, so the link may drop before the margin watcher
+    sees it. Either way the shortfall at the switch explains the receiver's: the sender is
+    replaced, not the healthy receiver (which would leave the faded light on the spare)."""
+    with _session((BENCHES / "emulated-mesh.yaml").read_text(), time_scale=0.2) as session:
+        ranks = _running(session)
+        controller = load_controller(session, ranks)
+        controller.arm()
+        result = controller.recover(Injector(session).inject(Fault("transceiver_degradation", "host0", "p0", loss_db=fade_db)))
+        assert result.status == "recovered", result.reason
+        assert result.plan.failed_host == "host0" and "retry" not in result.phases
+
+
 @pytest.mark.parametrize("bench_name", ["emulated.yaml", "example-lab.yaml"])
 def test_recovery_suite_passes_for_every_fault_on_a_served_bench(tmp_path, bench_name):
     """A served bench is driven like a real one: a fibre cut is a circuit removed at the switch,
