@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 from hypothesis import settings, strategies as st
@@ -158,3 +159,38 @@ class SwitchPhysics(RuleBasedStateMachine):
 
 TestSwitchPhysics = SwitchPhysics.TestCase
 TestSwitchPhysics.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+class _RacingClock(FakeClock):
+    """A clock that moves on by ``step`` every time it is read (a loaded machine: time passes
+    between any two questions)."""
+
+    def __init__(self, step: int = 0):
+        super().__init__()
+        self.step = step
+
+    def __call__(self):
+        t = self.t
+        self.t += self.step
+        return t
+
+
+def test_a_link_coming_up_between_two_questions_still_wakes_its_waiter(bench_cfg):
+    """The agent's netlink wait: the link's state and its next change are read at one instant.
+    Read apart, a link coming up in between left nothing to wait for, and the wait lasted to its
+    timeout (a recovery's link phase once took its whole 2 s deadline)."""
+    from instruments.emulators.world_service import WorldService
+
+    clock = _RacingClock()
+    world = World(bench_cfg, clock_ns=clock)
+    world.connect([(1, 20)])
+    transitions = world.link_transitions("host1", "p1", clock.t + 10**10)
+    up = next(t for t, state in transitions if state == "up")
+    clock.t, clock.step = up - 1, MS  # locked when asked, up by the next reading of the clock
+    service = WorldService(world).start()
+    try:
+        started = time.monotonic()
+        assert service.rpc_wait_link_event(host="host1", nic="p1", carrier=0, timeout_s=2.0) is True
+        assert time.monotonic() - started < 0.5
+    finally:
+        service.stop()

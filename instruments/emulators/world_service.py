@@ -109,13 +109,16 @@ class WorldService:
         world = self.world
         with world.lock:
             while True:
-                state, _ = world.link_state(host, nic)
+                # One instant for the state and the next change after it: asked apart, a change
+                # falling between the two would be missed and the wait would last to its timeout.
+                t = world.now_ns()
+                state, _ = world.link_state(host, nic, t)
                 if (1 if state == "up" else 0) != carrier:
                     return True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                nxt = world.next_link_change_ns(host, nic)
+                nxt = world.next_link_change_ns(host, nic, t)
                 if nxt is not None:
                     remaining = min(remaining, max(0.0, (nxt - world.now_ns()) / 1e9) + 5e-5)
                 world.changed.wait(remaining)
