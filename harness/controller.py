@@ -140,6 +140,9 @@ class ReferenceController(RecoveryController):
         # Hosts this controller took out of the job: never a spare again until the lab says they
         # are repaired (return_to_service). A long-lived controller remembers across recoveries.
         self.out_of_service: dict[str, str] = {}
+        # Hosts taken out on a guess (nothing showed which end of a link failed) while no spare
+        # was left to check it: the other end, tried in their place when the job resumes.
+        self.guessed: dict[str, str] = {}
 
     # -- detect ----------------------------------------------------------------------------------
 
@@ -321,8 +324,10 @@ class ReferenceController(RecoveryController):
                 self._circuits = dict(self.session.switch.connections())
                 bad = [h for h in self.ranks if h in self.out_of_service or self._host_lost(h)]
                 plan = Plan(None, None, list(self.ranks), list(self.ranks), diagnosis="resumed at full size")
+                fallback = self._other_end_instead(bad)
                 if bad:
                     plan = self._replan(plan, bad, "out of service")
+                plan.fallback = fallback
                 result.plan = plan
             if plan.ranks_after == []:
                 result.status, result.reason = "degraded", plan.diagnosis
@@ -336,6 +341,19 @@ class ReferenceController(RecoveryController):
             result.status = "degraded" if isinstance(exc, SafetyError) else "failed"
             result.reason = str(exc)
         return result
+
+    def _other_end_instead(self, bad: list[str]) -> Plan | None:
+        """Where the one host to replace was taken out on a guess: the plan that replaces the
+        other end of its link instead (tried if the guess proves wrong)."""
+        other = self.guessed.pop(bad[0], None) if len(bad) == 1 else None
+        if other is None or other not in self.ranks or self._host_lost(bad[0]):
+            return None
+        spare = self._pick_spare(self.ranks)
+        if spare is None:
+            return None
+        plan = self._replacement(list(self.ranks), other, spare, f"a dark link, the other end from {bad[0]}")
+        plan.failed_host, plan.ranks_before = other, list(self.ranks)
+        return plan
 
     def _switch_in(self, result: RecoveryResult, plan: Plan, give_up: float, first: bool) -> None:
         """Rewire (trying the other end where the diagnosis was a guess), restart, first step.
@@ -516,8 +534,12 @@ class ReferenceController(RecoveryController):
         spare = self._pick_spare(ranks)
         if spare is None:
             self.out_of_service[failed] = f"{detection.kind} on {detection.host}"
-            return Plan(failed, None, ranks, [], diagnosis=f"{failed} failed ({detection.kind}) and {self._no_spare()}: "
-                        "the job cannot be recovered on this fabric (degraded)")
+            guess = ""
+            if other_end is not None and other_end in ranks:
+                self.guessed[failed] = other_end
+                guess = f" (a guess: nothing shows whether {failed} or {other_end} failed)"
+            return Plan(failed, None, ranks, [], diagnosis=f"{failed} failed ({detection.kind}){guess} and "
+                        f"{self._no_spare()}: the job cannot be recovered on this fabric (degraded)")
         plan = self._replacement(ranks, failed, spare, f"{detection.kind}")
         self.out_of_service[failed] = f"{detection.kind} on {detection.host}"
         if other_end is not None and other_end in ranks:
@@ -612,6 +634,7 @@ class ReferenceController(RecoveryController):
 
     def return_to_service(self, host: str) -> None:
         self.out_of_service.pop(host, None)
+        self.guessed.pop(host, None)
 
     def _rewire(self, failed: str, spare: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         f_nics, s_nics = self.bench.host(failed).nics, self.bench.host(spare).nics

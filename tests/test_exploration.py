@@ -98,3 +98,22 @@ def test_on_a_served_bench_a_recovery_that_cannot_succeed_fails_fast_and_says_wh
     assert status == 1, output[-3000:]
     assert took < 90, f"took {took:.0f} s"
     assert "did not come up within" in output and "host3" in output, output[-3000:]
+
+
+STORIES = sorted((Path(__file__).parent / "stories").glob("*.yaml"))
+
+
+def _bench_named(name: str) -> Path:
+    return next(p for p in sorted(BENCHES.glob("*.yaml")) if yaml.safe_load(p.read_text()).get("name") == name)
+
+
+@pytest.mark.parametrize("path", STORIES, ids=[p.stem for p in STORIES])
+def test_stories_that_once_broke_a_promise_keep_it_now(path):
+    """Stories the nightly exploration found (each says what it broke, and the fix's commit
+    says why): replayed on the bench they were told on, every promise holds."""
+    story = Story.load(path)
+    proc = subprocess.run([sys.executable, "-m", "harness", "replay", str(path), "--bench",
+                           str(_bench_named(story.bench)), "--time-scale", "0.2"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "every promise kept" in proc.stdout
