@@ -327,7 +327,8 @@ class ReferenceController(RecoveryController):
                 fallback = self._other_end_instead(bad)
                 if bad:
                     plan = self._replan(plan, bad, "out of service")
-                plan.fallback = fallback
+                if fallback is not None:  # taken out on a guess: back in service if the other end is
+                    plan.failed_host, plan.fallback = bad[0], fallback
                 result.plan = plan
             if plan.ranks_after == []:
                 result.status, result.reason = "degraded", plan.diagnosis
