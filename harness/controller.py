@@ -143,6 +143,7 @@ class ReferenceController(RecoveryController):
         # Hosts taken out on a guess (nothing showed which end of a link failed) while no spare
         # was left to check it: the other end, tried in their place when the job resumes.
         self.guessed: dict[str, str] = {}
+        self._recheck: set[str] = set()  # guessed hosts whose other end was repaired: check them
 
     # -- detect ----------------------------------------------------------------------------------
 
@@ -322,6 +323,10 @@ class ReferenceController(RecoveryController):
         try:
             with self._phase(result, "plan"):
                 self._circuits = dict(self.session.switch.connections())
+                for host in sorted(self._recheck & set(self.ranks)):
+                    if self._links_work(host):  # the guess was wrong: the repair mended the link
+                        self.out_of_service.pop(host, None)
+                self._recheck.clear()
                 bad = [h for h in self.ranks if h in self.out_of_service or self._host_lost(h)]
                 plan = Plan(None, None, list(self.ranks), list(self.ranks), diagnosis="resumed at full size")
                 fallback = self._other_end_instead(bad)
@@ -636,6 +641,22 @@ class ReferenceController(RecoveryController):
     def return_to_service(self, host: str) -> None:
         self.out_of_service.pop(host, None)
         self.guessed.pop(host, None)
+        for guess, other in list(self.guessed.items()):
+            if other == host:  # the other end of a guess repaired: the guessed host may be healthy
+                del self.guessed[guess]
+                self._recheck.add(guess)
+
+    def _links_work(self, host: str) -> bool:
+        """Light and carrier on every circuit to and from ``host`` as the switch has them now."""
+        nics = self.bench.host(host).nics
+        circuits = [(i, e) for i, e in self.session.switch.connections().items()
+                    if any(i == n.tx_port or e == n.rx_port for n in nics)]
+        try:
+            self._verify_light(circuits, min(self.bench.waits.light_s, self._left(self._give_up)))
+            self._wait_links(circuits, min(self.bench.waits.link_up_s, self._left(self._give_up)))
+        except RecoveryError:
+            return False
+        return bool(circuits)
 
     def _rewire(self, failed: str, spare: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         f_nics, s_nics = self.bench.host(failed).nics, self.bench.host(spare).nics
