@@ -281,6 +281,11 @@ class Limits(_Model):
     about_tolerance: Sourced = Sourced(value=0.25, source="assumption: a published 'about' figure (rounded, some "
                                        "from secondary summaries) is met within +-25%")
 
+    @property
+    def light_floor_dbm(self) -> float:
+        """The light a receiver needs: its sensitivity plus the link margin."""
+        return self.receiver_sensitivity_dbm.value + self.link_margin_db.value
+
 
 class Deadlines(_Model):
     """Every wait has one: nothing the harness does waits for ever. These are for real time; on

@@ -144,6 +144,7 @@ class ReferenceController(RecoveryController):
         # was left to check it: the other end, tried in their place when the job resumes.
         self.guessed: dict[str, str] = {}
         self._recheck: set[str] = set()  # guessed hosts whose other end was repaired: check them
+        self.passed_over: dict[str, str] = {}  # why each candidate spare was not taken, at the last pick
 
     # -- detect ----------------------------------------------------------------------------------
 
@@ -235,7 +236,7 @@ class ReferenceController(RecoveryController):
     def _watch_margin(self, stop, _agent, _host, watched: list) -> None:
         """Light fading on a circuit the job runs on (a transmitter degrading, a connector getting
         dirty): below sensitivity + margin it is a failure to act on before the link drops."""
-        floor = self.bench.limits.receiver_sensitivity_dbm.value + self.bench.limits.link_margin_db.value
+        floor = self.bench.limits.light_floor_dbm
         every = max(0.005, _WATCH_WINDOW_S * self.bench.time_scale)
         while not stop.is_set():
             for host, nic, det in watched:
@@ -275,17 +276,9 @@ class ReferenceController(RecoveryController):
             with self._phase(result, "plan"):
                 plan = self.plan(result.detection)
                 result.plan = plan
-            if plan.ranks_after == []:
-                result.status, result.reason = "degraded", plan.diagnosis
-                return result
-            if plan.add or plan.remove:
+            if plan.ranks_after and (plan.add or plan.remove):
                 self._stop_job_meanwhile()
-            plan = self._carry_out(result, plan, give_up)
-            if plan is None:
-                return result
-            self.ranks = plan.ranks_after
-            result.status = "recovered"
-            result.reason = plan.diagnosis
+            self._carry_out(result, plan, give_up)
         except (RecoveryError, SafetyError, InstrumentError) as exc:
             result.status = "degraded" if isinstance(exc, SafetyError) else "failed"
             result.reason = str(exc)
@@ -293,14 +286,19 @@ class ReferenceController(RecoveryController):
             self.disarm()
         return result
 
-    def _carry_out(self, result: RecoveryResult, plan: Plan, give_up: float) -> Plan | None:
+    def _carry_out(self, result: RecoveryResult, plan: Plan, give_up: float) -> None:
         """Switch the plan in, restart, first step; a host of the new rank map lost meanwhile (the
         spare failed as it was switched in, another rank failed during the recovery) is
-        replaced too. Returns the plan carried out, or None when it ended degraded."""
+        replaced too. Ends ``result``: recovered on ``result.plan``, or degraded (no spare)."""
+        if plan.ranks_after == []:
+            result.status, result.reason = "degraded", plan.diagnosis
+            return
         for attempt in range(len(self.bench.topology.hosts)):
             try:
                 self._switch_in(result, plan, give_up, first=attempt == 0)
-                return result.plan
+                self.ranks = result.plan.ranks_after
+                result.status, result.reason = "recovered", result.plan.diagnosis
+                return
             except RecoveryError as exc:
                 plan = result.plan  # the fallback, where the first guess was wrong
                 lost = [h for h in plan.ranks_after if self._host_lost(h)]
@@ -312,7 +310,7 @@ class ReferenceController(RecoveryController):
                 if plan.ranks_after == []:
                     self.ranks = list(wired)  # a later resume starts from the circuits in place
                     result.status, result.reason = "degraded", plan.diagnosis
-                    return None
+                    return
         raise RecoveryError(f"gave up after replacing {len(self.bench.topology.hosts)} hosts")
 
     def resume(self) -> RecoveryResult:
@@ -335,14 +333,7 @@ class ReferenceController(RecoveryController):
                 if fallback is not None:  # taken out on a guess: back in service if the other end is
                     plan.failed_host, plan.fallback = bad[0], fallback
                 result.plan = plan
-            if plan.ranks_after == []:
-                result.status, result.reason = "degraded", plan.diagnosis
-                return result
-            plan = self._carry_out(result, plan, give_up)
-            if plan is None:
-                return result
-            self.ranks = plan.ranks_after
-            result.status, result.reason = "recovered", plan.diagnosis
+            self._carry_out(result, plan, give_up)
         except (RecoveryError, SafetyError, InstrumentError) as exc:
             result.status = "degraded" if isinstance(exc, SafetyError) else "failed"
             result.reason = str(exc)
@@ -357,9 +348,7 @@ class ReferenceController(RecoveryController):
         spare = self._pick_spare(self.ranks)
         if spare is None:
             return None
-        plan = self._replacement(list(self.ranks), other, spare, f"a dark link, the other end from {bad[0]}")
-        plan.failed_host, plan.ranks_before = other, list(self.ranks)
-        return plan
+        return self._replacement(list(self.ranks), other, spare, f"a dark link, the other end from {bad[0]}")
 
     def _switch_in(self, result: RecoveryResult, plan: Plan, give_up: float, first: bool) -> None:
         """Rewire (trying the other end where the diagnosis was a guess), restart, first step.
@@ -604,7 +593,7 @@ class ReferenceController(RecoveryController):
             # the receiver's shortfall (with its full light, the receiver would be above the floor).
             short = sender[1].launch_dbm - sender[1].tx_fibre_loss_db - arriving
             received = leaving - nic.rx_fibre_loss_db
-            if short > margin or (short >= FADE_SEEN_DB and received + short >= sensitivity + margin):
+            if short > margin or (short >= FADE_SEEN_DB and received + short >= self.bench.limits.light_floor_dbm):
                 return sender[0].name, None  # the light is already short at the switch: it faded
             return detection.host, None  # the light arrives at the switch: the far side failed
         for det in self.bench.detectors_for_port(nic.rx_port):
@@ -619,7 +608,7 @@ class ReferenceController(RecoveryController):
         job, healthy, in service, and reachable without switching a protected port."""
         original = set(self.bench.job.ranks) if self.bench.job else set()
         protected = set(self.bench.safety.protected_ports)
-        self.passed_over: dict[str, str] = {}  # why each other candidate could not be taken
+        self.passed_over = {}
         for host in self.bench.topology.hosts:
             if host.name in ranks or not (any(g.role == "spare" for g in host.gpus) or host.name in original):
                 continue
@@ -635,7 +624,7 @@ class ReferenceController(RecoveryController):
         return None
 
     def _no_spare(self) -> str:
-        why = "; ".join(f"{h} {reason}" for h, reason in getattr(self, "passed_over", {}).items())
+        why = "; ".join(f"{h} {reason}" for h, reason in self.passed_over.items())
         return f"no spare GPU is left{f' ({why})' if why else ''}"
 
     def return_to_service(self, host: str) -> None:
@@ -647,10 +636,9 @@ class ReferenceController(RecoveryController):
                 self._recheck.add(guess)
 
     def _links_work(self, host: str) -> bool:
-        """Light and carrier on every circuit to and from ``host`` as the switch has them now."""
+        """Light and carrier on every circuit to and from ``host`` (as read from the switch at resume)."""
         nics = self.bench.host(host).nics
-        circuits = [(i, e) for i, e in self.session.switch.connections().items()
-                    if any(i == n.tx_port or e == n.rx_port for n in nics)]
+        circuits = [(i, e) for i, e in self._circuits.items() if any(i == n.tx_port or e == n.rx_port for n in nics)]
         try:
             self._verify_light(circuits, min(self.bench.waits.light_s, self._left(self._give_up)))
             self._wait_links(circuits, min(self.bench.waits.link_up_s, self._left(self._give_up)))
@@ -681,7 +669,7 @@ class ReferenceController(RecoveryController):
 
     def _verify_light(self, circuits: list[tuple[int, int]], deadline_s: float) -> None:
         """Every new path carries light above the receiver's sensitivity plus the link margin."""
-        threshold = self.bench.limits.receiver_sensitivity_dbm.value + self.bench.limits.link_margin_db.value
+        threshold = self.bench.limits.light_floor_dbm
         end = time.monotonic() + deadline_s
         for _, egress in circuits:
             detector = next(iter(self.bench.detectors_for_port(egress)), None)

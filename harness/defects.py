@@ -48,10 +48,9 @@ def _hosts(data: dict, which: str | None) -> list[dict]:
     return chosen
 
 
-def _split(value: str | None, default: str) -> tuple[str, str | None]:
+def _split(value: str) -> tuple[str, str | None]:
     """``8@20`` -> ("8", "20"); ``8`` -> ("8", None)."""
-    text = value if value is not None else default
-    number, _, where = text.partition("@")
+    number, _, where = value.partition("@")
     return number, where or None
 
 
@@ -69,7 +68,7 @@ def _slow_switch(data, value):
 
 
 def _lossy_connector(data, value):
-    db, port = _split(value, "8")
+    db, port = _split(value)
     if port is None:  # the first baseline circuit's receiving side
         baseline = data.get("safety", {}).get("baseline") or []
         if not baseline:
@@ -88,10 +87,10 @@ def _wrong_switch_size(data, value):
     _emulation(_switch(data))["reported_ports"] = [n_in + extra, n_out + extra]
 
 
-def _host_setting(setting: str, default: str, what: str, convert=float):
+def _host_setting(setting: str, what: str, convert=float):
     """A defect that sets one emulation setting on every host, or on one (VALUE@HOST)."""
     def apply(data, value):
-        number, host = _split(value, default)
+        number, host = _split(value)
         for h in _hosts(data, host):
             _emulation(h)[setting] = convert(_number(number, what))
 
@@ -110,7 +109,7 @@ def _controller(factory: str, **fixed):
         recovery["controller"] = f"harness.defects:{factory}"
         options = dict(fixed)
         if value is not None:
-            ms, phase = _split(value, "")
+            ms, phase = _split(value)
             options["delay_ms"] = _number(ms, "the delay in ms")
             if phase:
                 options["phase"] = phase
@@ -127,13 +126,13 @@ CATALOGUE: dict[str, Defect] = {d.name: d for d in (
     Defect("wrong_switch_size", "the switch reports N more ports each side than the bench file says", "8",
            _wrong_switch_size),
     Defect("slow_nic_lock", "the NICs take S seconds to lock after light arrives (S@HOST: one host)", "0.5",
-           _host_setting("lock_time_s", "0.5", "slow_nic_lock's seconds")),
+           _host_setting("lock_time_s", "slow_nic_lock's seconds")),
     Defect("flapping_nic", "links come up and drop N times before they stay up (N@HOST: one host)", "3",
-           _host_setting("link_flaps", "3", "flapping_nic's flaps", int)),
+           _host_setting("link_flaps", "flapping_nic's flaps", int)),
     Defect("slow_link", "optical links carry a fraction F of their rate (F@HOST: one host's)", "0.5",
-           _host_setting("link_rate_factor", "0.5", "slow_link's fraction")),
+           _host_setting("link_rate_factor", "slow_link's fraction")),
     Defect("slow_agent", "hosts tell their agents of link changes and job output S seconds late", "0.02",
-           _host_setting("agent_latency_s", "0.02", "slow_agent's seconds")),
+           _host_setting("agent_latency_s", "slow_agent's seconds")),
     Defect("silent_data_corruption", "a GPU computes wrong results without an error (HOST; default: rank 0's)",
            None, _silent_data_corruption),
     Defect("slow_controller", "the controller spends N ms more in one phase (MS@PHASE; default plan)", "600",

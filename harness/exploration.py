@@ -415,7 +415,7 @@ class Explorer:
         rx_loss = owner[1].rx_fibre_loss_db if owner else 0.0
         received = (nic.launch_dbm - loss_db - nic.tx_fibre_loss_db - self.bench.switch.emulation.insertion_loss_db - rx_loss
                     - self.bench.topology.connector_loss_db)
-        floor = self.bench.limits.receiver_sensitivity_dbm.value + self.bench.limits.link_margin_db.value
+        floor = self.bench.limits.light_floor_dbm
         return received < floor
 
     def _repair(self, host: str) -> str:
@@ -536,7 +536,7 @@ class Explorer:
     def _check_running(self, live: dict[int, int]) -> None:
         if len(set(self.ranks)) != self.size:
             raise Broken("the job runs at full size", f"ranks {self.ranks} for a job of {self.size}")
-        floor = self.bench.limits.receiver_sensitivity_dbm.value + self.bench.limits.link_margin_db.value
+        floor = self.bench.limits.light_floor_dbm
         fed = set(live.values())
         for host in self.ranks:
             agent = self.session.hosts[host]
