@@ -7,8 +7,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from harness.errors import HarnessError
-from instruments.gpu_host.nccl import NcclParseError, NcclResult, parse_runs
+from lumion_hil.harness.errors import HarnessError
+from lumion_hil.instruments.gpu_host.nccl import NcclParseError, NcclResult, parse_runs
 
 
 class MeasurementFailed(HarnessError):

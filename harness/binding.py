@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from harness.config import MeterInstrument, SwitchInstrument
-from instruments.visa import VisaSession
+from lumion_hil.harness.config import MeterInstrument, SwitchInstrument
+from lumion_hil.instruments.visa import VisaSession
 
 
 def open_driver(name: str, spec: SwitchInstrument | MeterInstrument, resource: str, *, opc_timeout_s: float = 10.0):
@@ -12,7 +12,7 @@ def open_driver(name: str, spec: SwitchInstrument | MeterInstrument, resource: s
     instruments start with their error queue cleared (``*CLS``); meters are set to the bench's
     wavelength on every channel."""
     if spec.model == "polatis":
-        from instruments.polatis import PolatisSwitch
+        from lumion_hil.instruments.polatis import PolatisSwitch
 
         switch = PolatisSwitch(_visa(name, spec, resource), power_monitors=spec.power_monitors,
                                opc_timeout_s=opc_timeout_s)
@@ -23,16 +23,16 @@ def open_driver(name: str, spec: SwitchInstrument | MeterInstrument, resource: s
             raise
         return switch
     if spec.model == "dicon-matrix":
-        from instruments.dicon import DiconMatrix
+        from lumion_hil.instruments.dicon import DiconMatrix
 
         return DiconMatrix(name, resource, ingress=spec.ports[0], egress=spec.ports[1], baud_rate=spec.baud_rate,
                            timeout_s=max(spec.timeout_s, opc_timeout_s), pace_s=spec.pace_s)
     if spec.model == "thorlabs-pm100":
-        from instruments.thorlabs_pm100 import ThorlabsPM100
+        from lumion_hil.instruments.thorlabs_pm100 import ThorlabsPM100
 
         meter = ThorlabsPM100(_visa(name, spec, resource), opc_timeout_s=opc_timeout_s)
     elif spec.model == "keysight-n77xx":
-        from instruments.keysight_n77xx import KeysightN77xx
+        from lumion_hil.instruments.keysight_n77xx import KeysightN77xx
 
         meter = KeysightN77xx(_visa(name, spec, resource), channels=spec.channels, opc_timeout_s=opc_timeout_s)
     else:

@@ -14,13 +14,18 @@ from pathlib import Path
 
 import click
 
-from harness.config import bench_json_schema, load_bench
-from harness.errors import BenchFileError
-from harness.exit_codes import ExitCode
-from harness.records import how_it_ended
+from lumion_hil.harness.config import bench_json_schema, load_bench
+from lumion_hil.harness.errors import BenchFileError
+from lumion_hil.harness.exit_codes import ExitCode
+from lumion_hil.harness.records import how_it_ended
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_BENCH = PROJECT_ROOT / "benches" / "emulated.yaml"
+from lumion_hil.benches import bench_file
+
+# A checkout holds the Allure CLI (node_modules) and its configuration; an installed package
+# looks for them in the working directory instead.
+_CHECKOUT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = _CHECKOUT if (_CHECKOUT / "allurerc.mjs").exists() else Path.cwd()
+DEFAULT_BENCH = bench_file("emulated.yaml")
 
 _bench_option = click.option(
     "--bench", "bench_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -190,7 +195,7 @@ def _kill_group(child: subprocess.Popen) -> None:
 
 
 def _suites_dir() -> Path:
-    spec = importlib.util.find_spec("test_suites")
+    spec = importlib.util.find_spec("lumion_hil.test_suites")
     if spec is None or not spec.submodule_search_locations:
         raise click.ClickException("the test_suites package is not installed; run `pip install -e .`")
     return Path(list(spec.submodule_search_locations)[0])
@@ -212,7 +217,7 @@ def report_cmd(results: Path) -> None:
 def _build_report(results: Path, required: bool = True) -> int:
     """Write the summary, then build the HTML report. Without the Allure CLI installed,
     ``lumion-hil run`` only warns (the suites' verdict stands); ``lumion-hil report`` fails."""
-    from harness.summary import write_summary
+    from lumion_hil.harness.summary import write_summary
 
     summary = write_summary(results)
     if summary is not None:
@@ -266,7 +271,7 @@ def emulate(bench_path: Path, time_scale: float | None, defects: tuple[str, ...]
     (pyvisa: ResourceManager('@py').open_resource(..., read_termination='\\n')). Ctrl-C stops."""
     import yaml
 
-    from instruments.emulators.bench import EmulatedBench, served_bench
+    from lumion_hil.instruments.emulators.bench import EmulatedBench, served_bench
 
     bench = _load_or_exit(bench_path, time_scale, defects)
     if not bench.any_emulated:
@@ -303,8 +308,8 @@ def emulate(bench_path: Path, time_scale: float | None, defects: tuple[str, ...]
 def _faults(bench, faults: tuple[str, ...]):
     """``NAME=FAULT[=SECONDS]`` options: (instrument, fault) pairs to switch on once served, and the
     bench with each named host's agent faults added. A wrong name or fault is a usage error."""
-    from instruments.emulators.scpi import FAULTS
-    from instruments.gpu_host.agent import AGENT_FAULTS
+    from lumion_hil.instruments.emulators.scpi import FAULTS
+    from lumion_hil.instruments.gpu_host.agent import AGENT_FAULTS
 
     instrument_faults, host_faults = [], {}
     for option in faults:
@@ -352,10 +357,10 @@ def replay_cmd(story_file: Path, bench_path: Path, time_scale: float | None, def
 
     Exit status: 0 every promise kept, 1 one was broken (the story reproduces), 4 the story or
     the bench cannot be read, or the bench lacks a part the story names, 6 bench busy."""
-    from harness.errors import BenchInUseError, HarnessError
-    from harness.exploration import StoryError, Story, replay
-    from harness.interrupts import INTERRUPTS
-    from harness.session import BenchSession
+    from lumion_hil.harness.errors import BenchInUseError, HarnessError
+    from lumion_hil.harness.exploration import StoryError, Story, replay
+    from lumion_hil.harness.interrupts import INTERRUPTS
+    from lumion_hil.harness.session import BenchSession
 
     bench = _load_or_exit(bench_path, time_scale, defects)
     try:
@@ -385,7 +390,7 @@ def replay_cmd(story_file: Path, bench_path: Path, time_scale: float | None, def
 def defects_cmd() -> None:
     """List the defects an emulated bench (or the controller) can be given, to see which verdict
     each turns red: lumion-hil run --defect NAME[=VALUE]."""
-    from harness.defects import CATALOGUE
+    from lumion_hil.harness.defects import CATALOGUE
 
     width = max(len(n) for n in CATALOGUE)
     for defect in CATALOGUE.values():
@@ -426,8 +431,8 @@ def bench_check(files: tuple[Path, ...]) -> None:
 def bench_restore(bench_path: Path) -> None:
     """Put a bench's switch back to its baseline cross-connects and read it back (after a run
     that was killed). Takes the bench's lock like a run; protected ports are left as they are."""
-    from harness.errors import BenchInUseError, HarnessError
-    from harness.session import BenchSession
+    from lumion_hil.harness.errors import BenchInUseError, HarnessError
+    from lumion_hil.harness.session import BenchSession
 
     bench = _load_or_exit(bench_path, None)
     if bench.all_emulated:
@@ -473,7 +478,7 @@ def nccl_parse(file) -> None:
     error magnitudes), the average. FILE may be - for standard input."""
     import json
 
-    from instruments.gpu_host.nccl import NcclParseError, parse_runs
+    from lumion_hil.instruments.gpu_host.nccl import NcclParseError, parse_runs
 
     try:
         runs = parse_runs(file.read(), file.name)

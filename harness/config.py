@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from harness.errors import BenchFileError, BenchProblem
+from lumion_hil.harness.errors import BenchFileError, BenchProblem
 
 EMULATED = "emulated"
 
@@ -70,13 +70,13 @@ def _check_faults(faults: list[str], known: dict[str, str]) -> list[str]:
 
 
 def _instrument_faults(faults: list[str]) -> list[str]:
-    from instruments.emulators.scpi import FAULTS
+    from lumion_hil.instruments.emulators.scpi import FAULTS
 
     return _check_faults(faults, FAULTS)
 
 
 def _agent_faults(faults: list[str]) -> list[str]:
-    from instruments.gpu_host.agent import AGENT_FAULTS
+    from lumion_hil.instruments.gpu_host.agent import AGENT_FAULTS
 
     return _check_faults(faults, AGENT_FAULTS)
 
@@ -211,7 +211,7 @@ class HostEmulation(_Model):
     silent_data_corruption: bool = Field(False, description="its GPU returns wrong results without an error")
     link_flaps: NonNegativeInt = Field(0, description="times a link comes up and drops again before it stays up")
     faults: list[str] = Field(default=[], description="faults of its agent from the start: drop, stall, delay=S, "
-                              "partial, garbage, errors, power_loss (python -m instruments.gpu_host.agent --help)")
+                              "partial, garbage, errors, power_loss (python -m lumion_hil.agent --help)")
 
     _faults = field_validator("faults")(_agent_faults)
 
@@ -383,7 +383,7 @@ class NcclTests(_Model):
 
 
 class RecoverySettings(_Model):
-    controller: str = Field("harness.controller:ReferenceController",
+    controller: str = Field("lumion_hil.harness.controller:ReferenceController",
                             description="module:factory of the recovery controller under test")
     controller_options: dict[str, Any] = Field(default={}, description="keyword arguments for the factory")
     migration: MigrationBaseline = MigrationBaseline()
@@ -500,7 +500,7 @@ class Bench(_Model):
                     used_ports[port] = owner
 
         for key in self.published:
-            from harness.published import all_published
+            from lumion_hil.harness.published import all_published
 
             if key not in all_published():
                 bad(f"published.{key}", f"no published number {key!r}; see harness/published.yaml")
@@ -625,7 +625,7 @@ def parse_bench(text: str, file: str = "<bench>", *, time_scale: float | None = 
         raise BenchFileError(file, [BenchProblem(p.path, p.reason, _line_of(root, p.path)) for p in cross])
     wanted = list(bench.emulator.defects) + [d for d in defects if d not in bench.emulator.defects]
     if wanted:
-        from harness.defects import DefectError, apply_defects
+        from lumion_hil.harness.defects import DefectError, apply_defects
 
         try:
             bench = apply_defects(bench, wanted)

@@ -20,10 +20,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from harness.errors import HarnessError, SafetyError
-from harness.interrupts import critical
-from harness.progress import PROGRESS
-from instruments.protocols import InstrumentError
+from lumion_hil.harness.errors import HarnessError, SafetyError
+from lumion_hil.harness.interrupts import critical
+from lumion_hil.harness.progress import PROGRESS
+from lumion_hil.instruments.protocols import InstrumentError
 
 PHASES = ("detect", "plan", "switch", "light", "link", "retry", "restart", "first_step", "replan")
 _WATCH_WINDOW_S = 0.25

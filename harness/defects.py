@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from harness.controller import Detection, Plan, RecoveryResult, ReferenceController
-from harness.errors import HarnessError
+from lumion_hil.harness.controller import Detection, Plan, RecoveryResult, ReferenceController
+from lumion_hil.harness.errors import HarnessError
 
 
 class DefectError(HarnessError):
@@ -106,7 +106,7 @@ def _silent_data_corruption(data, value):
 def _controller(factory: str, **fixed):
     def apply(data, value):
         recovery = data.setdefault("recovery", {})
-        recovery["controller"] = f"harness.defects:{factory}"
+        recovery["controller"] = f"lumion_hil.harness.defects:{factory}"
         options = dict(fixed)
         if value is not None:
             ms, phase = _split(value)
@@ -165,7 +165,7 @@ def parse(spec: str) -> tuple[Defect, str | None]:
 
 def apply_defects(bench, specs: list[str]):
     """The bench with these defects: validated again, so a defect can never make it invalid."""
-    from harness.config import Bench
+    from lumion_hil.harness.config import Bench
 
     data = bench.model_dump(mode="json")
     for spec in specs:

@@ -27,10 +27,10 @@ from typing import Callable
 
 import yaml
 
-from harness.controller import RecoveryResult, load_controller
-from harness.errors import HarnessError
-from harness.faults import Fault, FaultNotPossible, Injector
-from harness.measurements import Spec
+from lumion_hil.harness.controller import RecoveryResult, load_controller
+from lumion_hil.harness.errors import HarnessError
+from lumion_hil.harness.faults import Fault, FaultNotPossible, Injector
+from lumion_hil.harness.measurements import Spec
 
 # Faults that take a host out of the job (a process killed restarts it in place).
 REPLACING = ("gpu_failure", "fibre_cut", "transceiver_degradation", "switch_port_failure")

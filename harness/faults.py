@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from harness.errors import HarnessError
+from lumion_hil.harness.errors import HarnessError
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class Injector:
         served = next((h.world_address for h in self.bench.topology.hosts if h.world_address), None)
         self.served_world = None
         if self.world is None and served:
-            from instruments.emulators.world_client import WorldClient
+            from lumion_hil.instruments.emulators.world_client import WorldClient
 
             self.served_world = WorldClient(served)
 

@@ -4,8 +4,8 @@ every time limit is scaled the same way as the emulated latencies, and its sourc
 
 from __future__ import annotations
 
-from harness.config import Bench
-from harness.measurements import Spec
+from lumion_hil.harness.config import Bench
+from lumion_hil.harness.measurements import Spec
 
 
 def scaled(bench: Bench, seconds: float, source: str) -> tuple[float, str]:

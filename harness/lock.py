@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.errors import BenchInUseError
+from lumion_hil.harness.errors import BenchInUseError
 
 
 def lock_dir() -> Path:

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from instruments.protocols import OutOfRange
+from lumion_hil.instruments.protocols import OutOfRange
 
 
 class Verdict(str, enum.Enum):

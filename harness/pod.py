@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from instruments.collectives import Fabric, Link, collective_cost
+from lumion_hil.instruments.collectives import Fabric, Link, collective_cost
 
 Gpu = tuple[int, int]  # (rack, slot)
 Circuit = tuple[Gpu, Gpu]  # a directed circuit from one accelerator's transmitter to another's receiver

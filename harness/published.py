@@ -9,7 +9,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from harness.measurements import Spec
+from lumion_hil.harness.measurements import Spec
 
 REGISTRY = Path(__file__).with_name("published.yaml")
 

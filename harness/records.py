@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from harness.measurements import Measurement
+from lumion_hil.harness.measurements import Measurement
 
 
 def _utc_now() -> str:

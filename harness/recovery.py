@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from harness.controller import PHASES, RecoveryResult
+from lumion_hil.harness.controller import PHASES, RecoveryResult
 
 
 class LightProbe:
@@ -18,7 +18,7 @@ class LightProbe:
     second session is left out, and said so in ``skipped``."""
 
     def __init__(self, session, detectors, interval_s: float = 0.002):
-        from harness.binding import open_driver
+        from lumion_hil.harness.binding import open_driver
 
         self.session, self.interval_s = session, interval_s
         self.drivers: dict[str, object] = {}
@@ -128,7 +128,7 @@ def migrate_to_reserved_rack(session, ranks: list[str]) -> dict:
     """Recovery without an optical fabric, on the emulated world: stop the job, claim an idle
     reserved rack, copy the checkpoint to it, and restart there on its electrical network.
     Returns the instants (harness clock) and the job's step time there."""
-    from instruments.gpu_host.jobs import JobControl
+    from lumion_hil.instruments.gpu_host.jobs import JobControl
 
     world = session.world
     if world is None or session.emulated.world_service is None:
@@ -158,8 +158,8 @@ def recover_once(session, ranks: list[str], kinds: tuple[str, ...] = SWAP_FAULTS
     """Make the first fault of ``kinds`` this bench can make (each needs a spare swapped in),
     and let the controller under test recover from it. Returns (injector, fault, fault_ns,
     result); the caller repairs the fault (``injector.repair(fault)``) when done with it."""
-    from harness.controller import load_controller
-    from harness.faults import Injector
+    from lumion_hil.harness.controller import load_controller
+    from lumion_hil.harness.faults import Injector
 
     injector = Injector(session, seed=session.bench.recovery.fault_seed)
     kind = next((k for k in kinds if injector.supported(k)[0]), None)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from harness.errors import SafetyError
-from instruments.protocols import OpticalSwitch, Pairs, as_pairs
+from lumion_hil.harness.errors import SafetyError
+from lumion_hil.instruments.protocols import OpticalSwitch, Pairs, as_pairs
 
 
 class GuardedSwitch(OpticalSwitch):

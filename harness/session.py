@@ -9,15 +9,15 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.binding import open_driver
-from harness.config import Bench, Detector, MeterInstrument, SwitchInstrument
-from harness.interrupts import INTERRUPTS, critical, shield
-from harness.lock import BenchLock
-from harness.safety import GuardedSwitch
-from harness.timeline import Timeline
-from instruments.emulators.bench import agent_argv as emulated_agent_argv, job_argv as emulated_job_argv
-from instruments.gpu_host.client import AgentClient, local_agent_argv, ssh_agent_argv
-from instruments.protocols import OutOfRange
+from lumion_hil.harness.binding import open_driver
+from lumion_hil.harness.config import Bench, Detector, MeterInstrument, SwitchInstrument
+from lumion_hil.harness.interrupts import INTERRUPTS, critical, shield
+from lumion_hil.harness.lock import BenchLock
+from lumion_hil.harness.safety import GuardedSwitch
+from lumion_hil.harness.timeline import Timeline
+from lumion_hil.instruments.emulators.bench import agent_argv as emulated_agent_argv, job_argv as emulated_job_argv
+from lumion_hil.instruments.gpu_host.client import AgentClient, local_agent_argv, ssh_agent_argv
+from lumion_hil.instruments.protocols import OutOfRange
 
 log = logging.getLogger("lumion_hil")
 
@@ -73,7 +73,7 @@ class BenchSession:
         if not self.bench.all_emulated:
             self._lock = BenchLock(self.bench.name).acquire()
         if self.bench.any_emulated:
-            from instruments.emulators.bench import EmulatedBench
+            from lumion_hil.instruments.emulators.bench import EmulatedBench
 
             self.emulated = EmulatedBench(self.bench).start()
         for name, spec in self.bench.instruments.items():
@@ -161,7 +161,7 @@ class BenchSession:
         env = self.fabric_env(ranks[0], fabric)
         world = self.emulated.world_service.address if lead.emulated else lead.world_address
         if world:
-            from instruments.emulators.bench import nccl_tests_folder
+            from lumion_hil.instruments.emulators.bench import nccl_tests_folder
 
             folder, launcher = str(nccl_tests_folder(world)), []
             env["LUMION_HIL_RANKS"] = ",".join(ranks)  # what mpirun -H would tell the real programs

@@ -20,7 +20,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.records import read_record
+from lumion_hil.harness.records import read_record
 
 NOISE_FLOOR = 0.10  # assumption: emulated and bench timings move this much night to night
 HISTORY_RUNS = 5  # runs the noise is estimated from

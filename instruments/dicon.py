@@ -21,7 +21,7 @@ from typing import Iterable
 
 import serial
 
-from instruments.protocols import (
+from lumion_hil.instruments.protocols import (
     Identity,
     InstrumentError,
     InstrumentIOError,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import time
 
-from instruments.protocols import Identity, InstrumentError, OutOfRange, PowerMeter, PowerTrace, Reading
-from instruments.scpi import ScpiInstrument, parse_identity, query
+from lumion_hil.instruments.protocols import Identity, InstrumentError, OutOfRange, PowerMeter, PowerTrace, Reading
+from lumion_hil.instruments.scpi import ScpiInstrument, parse_identity, query
 
 INVALID_ABOVE = 1e20  # over-range readings come back as a huge sentinel (about 9.9E37)
 

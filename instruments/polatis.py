@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterable
 
-from instruments.protocols import (
+from lumion_hil.instruments.protocols import (
     Identity,
     InstrumentError,
     InstrumentIOError,
@@ -17,7 +17,7 @@ from instruments.protocols import (
     PortState,
     as_pairs,
 )
-from instruments.scpi import ScpiInstrument, parse_identity, query
+from lumion_hil.instruments.scpi import ScpiInstrument, parse_identity, query
 
 _CHANNEL_LIST = re.compile(r"\(@([\d,\s]*)\)")
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from instruments.protocols import Identity, InstrumentError, InstrumentIOError
-from instruments.visa import VisaSession
+from lumion_hil.instruments.protocols import Identity, InstrumentError, InstrumentIOError
+from lumion_hil.instruments.visa import VisaSession
 
 _ERROR_ITEM = re.compile(r'\s*([+-]?\d+)\s*,\s*"([^"]*)"\s*')
 

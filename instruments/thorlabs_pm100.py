@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from instruments.protocols import Identity, OutOfRange, PowerMeter, Reading, watts_to_dbm
-from instruments.scpi import ScpiInstrument, parse_identity, query
+from lumion_hil.instruments.protocols import Identity, OutOfRange, PowerMeter, Reading, watts_to_dbm
+from lumion_hil.instruments.scpi import ScpiInstrument, parse_identity, query
 
 
 OVER_RANGE_ABOVE = 1e20

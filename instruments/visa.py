@@ -15,7 +15,7 @@ import time
 import pyvisa
 from pyvisa import constants, errors as visa_errors
 
-from instruments.protocols import InstrumentError, InstrumentIOError
+from lumion_hil.instruments.protocols import InstrumentError, InstrumentIOError
 
 _rm_lock = threading.Lock()
 _rm: pyvisa.ResourceManager | None = None

@@ -13,10 +13,10 @@ import threading
 import time
 from pathlib import Path
 
-from harness.config import load_bench
-from instruments.emulators.bench import EmulatedBench
-from instruments.emulators.world_client import WorldClient
-from instruments.gpu_host.client import AgentClient, local_agent_argv
+from lumion_hil.harness.config import load_bench
+from lumion_hil.instruments.emulators.bench import EmulatedBench
+from lumion_hil.instruments.emulators.world_client import WorldClient
+from lumion_hil.instruments.gpu_host.client import AgentClient, local_agent_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 

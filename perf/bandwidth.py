@@ -13,10 +13,10 @@ import statistics
 import time
 from pathlib import Path
 
-from harness.bandwidth import run_sweep
-from harness.config import load_bench
-from harness.pod import Pod, PodSpec
-from harness.session import BenchSession
+from lumion_hil.harness.bandwidth import run_sweep
+from lumion_hil.harness.config import load_bench
+from lumion_hil.harness.pod import Pod, PodSpec
+from lumion_hil.harness.session import BenchSession
 
 ROOT = Path(__file__).resolve().parent.parent
 

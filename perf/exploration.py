@@ -23,7 +23,7 @@ BENCH = ROOT / "benches" / "exploration.yaml"
 def explore(profile: str, sequences: int, *extra: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp)
-        cmd = [sys.executable, "-m", "harness", "run", "--bench", str(BENCH), "--results", str(results), "--no-report",
+        cmd = [sys.executable, "-m", "lumion_hil", "run", "--bench", str(BENCH), "--results", str(results), "--no-report",
                "--explore", profile, "-k", "failure_sequences", "--explore-sequences", str(sequences),
                "--explore-seed", "1", "-q", *extra]
         started = time.monotonic()

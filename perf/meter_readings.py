@@ -11,10 +11,10 @@ import statistics
 import time
 from pathlib import Path
 
-from harness.binding import open_driver
-from harness.config import load_bench
-from instruments.emulators.bench import EmulatedBench
-from instruments.protocols import PowerMeter
+from lumion_hil.harness.binding import open_driver
+from lumion_hil.harness.config import load_bench
+from lumion_hil.instruments.emulators.bench import EmulatedBench
+from lumion_hil.instruments.protocols import PowerMeter
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,11 +10,11 @@ import argparse
 import statistics
 from pathlib import Path
 
-from harness.config import load_bench
-from harness.controller import PHASES, load_controller
-from harness.faults import Fault, Injector
-from harness.recovery import ground_truth
-from harness.session import BenchSession
+from lumion_hil.harness.config import load_bench
+from lumion_hil.harness.controller import PHASES, load_controller
+from lumion_hil.harness.faults import Fault, Injector
+from lumion_hil.harness.recovery import ground_truth
+from lumion_hil.harness.session import BenchSession
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,9 +9,9 @@ import statistics
 import time
 from pathlib import Path
 
-from harness.binding import open_driver
-from harness.config import load_bench
-from instruments.emulators.bench import EmulatedBench
+from lumion_hil.harness.binding import open_driver
+from lumion_hil.harness.config import load_bench
+from lumion_hil.instruments.emulators.bench import EmulatedBench
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.config import Detector
+from lumion_hil.harness.config import Detector
 
 
 def received_dbm(bench, detector: Detector):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import allure
 import pytest
 
-from harness import limits
-from test_suites.light import received_dbm
+from lumion_hil.harness import limits
+from lumion_hil.test_suites.light import received_dbm
 
 pytestmark = allure.feature("circuit set-up")
 

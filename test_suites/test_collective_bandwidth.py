@@ -12,12 +12,12 @@ import io
 import allure
 import pytest
 
-from fixtures import allure_glue
-from harness.bandwidth import run_sweep
-from harness.measurements import Spec
-from harness.published import about, upper_limit
-from harness.recovery import recover_once
-from reports.plots import busbw_figure, close
+from lumion_hil.fixtures import allure_glue
+from lumion_hil.harness.bandwidth import run_sweep
+from lumion_hil.harness.measurements import Spec
+from lumion_hil.harness.published import about, upper_limit
+from lumion_hil.harness.recovery import recover_once
+from lumion_hil.reports.plots import busbw_figure, close
 
 pytestmark = allure.feature("collective bandwidth")
 

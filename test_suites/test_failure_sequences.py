@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, note, seed, settings, strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from harness.exploration import DURING, NIC_KINDS, Broken, Explorer, Step, Story, shards
-from harness.measurements import Spec
-from harness.progress import PROGRESS
+from lumion_hil.harness.exploration import DURING, NIC_KINDS, Broken, Explorer, Step, Story, shards
+from lumion_hil.harness.measurements import Spec
+from lumion_hil.harness.progress import PROGRESS
 
 pytestmark = allure.feature("failure sequences")
 

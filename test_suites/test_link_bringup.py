@@ -10,9 +10,9 @@ import time
 import allure
 import pytest
 
-from harness import limits
-from harness.measurements import Spec
-from test_suites.light import light_threshold_reading_dbm
+from lumion_hil.harness import limits
+from lumion_hil.harness.measurements import Spec
+from lumion_hil.test_suites.light import light_threshold_reading_dbm
 
 pytestmark = allure.feature("link bring-up")
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 import allure
 import pytest
 
-from fixtures import allure_glue
-from harness.controller import PHASES, load_controller
-from harness import limits
-from harness.faults import CATALOGUE, Fault, Injector
-from harness.measurements import Spec
-from harness.published import upper_limit
-from harness.recovery import LightProbe, ground_truth, migrate_to_reserved_rack
-from reports.plots import close, recovery_figure
+from lumion_hil.fixtures import allure_glue
+from lumion_hil.harness.controller import PHASES, load_controller
+from lumion_hil.harness import limits
+from lumion_hil.harness.faults import CATALOGUE, Fault, Injector
+from lumion_hil.harness.measurements import Spec
+from lumion_hil.harness.published import upper_limit
+from lumion_hil.harness.recovery import LightProbe, ground_truth, migrate_to_reserved_rack
+from lumion_hil.reports.plots import close, recovery_figure
 
 pytestmark = allure.feature("recovery")
 

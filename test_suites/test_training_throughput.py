@@ -9,10 +9,10 @@ from __future__ import annotations
 import allure
 import pytest
 
-from harness.bandwidth import observe_step_rate
-from harness.measurements import Spec
-from harness.published import about
-from harness.recovery import recover_once
+from lumion_hil.harness.bandwidth import observe_step_rate
+from lumion_hil.harness.measurements import Spec
+from lumion_hil.harness.published import about
+from lumion_hil.harness.recovery import recover_once
 
 pytestmark = allure.feature("training throughput")
 

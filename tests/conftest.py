@@ -12,9 +12,9 @@ import time
 import pytest
 import yaml
 
-from harness.config import load_bench
-from harness.binding import open_driver
-from instruments.emulators.bench import EmulatedBench
+from lumion_hil.harness.config import load_bench
+from lumion_hil.harness.binding import open_driver
+from lumion_hil.instruments.emulators.bench import EmulatedBench
 
 pytest_plugins = ["pytester"]
 
@@ -61,7 +61,7 @@ def serve_bench(bench_path, tmp_path, time_scale: float = 0.2, *extra: str):
     """Serve a bench with `lumion-hil emulate` (``extra``: more of its options); yields (served
     bench file, switch resource, the switch's baseline as it answers :OXC:SWIT:CONN:STAT?)."""
     bench_out = tmp_path / f"served-{Path(bench_path).stem}.yaml"
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--bench", str(bench_path), "--time-scale",
+    proc = subprocess.Popen([sys.executable, "-m", "lumion_hil", "emulate", "--bench", str(bench_path), "--time-scale",
                              str(time_scale), "--bench-out", str(bench_out), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import Bench, bench_json_schema, load_bench, parse_bench
-from harness.errors import BenchFileError
+from lumion_hil.harness.config import Bench, bench_json_schema, load_bench, parse_bench
+from lumion_hil.harness.errors import BenchFileError
 
 HERE = Path(__file__).resolve().parent
 BAD = sorted((HERE / "bad_benches").glob("*.yaml"))
@@ -19,7 +19,7 @@ GOOD = sorted((HERE.parent / "benches").glob("*.yaml"))
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "lumion_hil", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_there_are_at_least_ten_distinct_broken_benches():

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, timeout=120, **kw)
+    return subprocess.run([sys.executable, "-m", "lumion_hil", *args], capture_output=True, text=True, timeout=120, **kw)
 
 
 @pytest.mark.parametrize("args", [[], ["run"], ["emulate"], ["bench"], ["bench", "check"], ["report"]])
@@ -40,7 +40,7 @@ def test_run_refuses_a_broken_bench_before_starting_anything():
 
 
 def test_emulate_serves_resources_a_separate_visa_session_can_query(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--time-scale", "0.1"],
+    proc = subprocess.Popen([sys.executable, "-m", "lumion_hil", "emulate", "--time-scale", "0.1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -101,7 +101,7 @@ def _readme_exit_codes() -> dict[int, str]:
 
 
 def test_the_readme_exit_code_table_is_the_one_the_harness_uses():
-    from harness.exit_codes import MEANING
+    from lumion_hil.harness.exit_codes import MEANING
 
     assert _readme_exit_codes() == {int(code): meaning for code, meaning in MEANING.items()}
 
@@ -127,8 +127,8 @@ def test_each_exit_status_is_what_the_readme_says(tmp_path, served, monkeypatch)
     assert table[run("--no-such-option").returncode] == "bench or usage error"
     assert table[run(bench=ROOT / "tests" / "bad_benches" / "02-negative-timeout.yaml").returncode] == "bench or usage error"
     assert table[run("-k", "no_such_suite_anywhere").returncode] == "nothing collected"
-    from harness.config import load_bench
-    from harness.lock import BenchLock
+    from lumion_hil.harness.config import load_bench
+    from lumion_hil.harness.lock import BenchLock
 
     monkeypatch.setenv("LUMION_HIL_LOCK_DIR", str(tmp_path))
     with BenchLock(load_bench(bench_out).name):

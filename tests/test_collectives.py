@@ -11,11 +11,11 @@ import sys
 import pytest
 import yaml
 
-from harness.bandwidth import run_sweep
-from harness.config import parse_bench
-from harness.session import BenchSession
-from instruments.collectives import Fabric, Link, NoPath, bus_factor, collective_cost, max_min_share
-from instruments.gpu_host.nccl import parse
+from lumion_hil.harness.bandwidth import run_sweep
+from lumion_hil.harness.config import parse_bench
+from lumion_hil.harness.session import BenchSession
+from lumion_hil.instruments.collectives import Fabric, Link, NoPath, bus_factor, collective_cost, max_min_share
+from lumion_hil.instruments.gpu_host.nccl import parse
 
 from conftest import BENCHES, ROOT
 
@@ -142,7 +142,7 @@ def test_emulated_nccl_tests_print_the_models_numbers():
 
 def test_emulated_nccl_tests_flags_and_errors_are_the_real_ones():
     env = {**os.environ, "LUMION_HIL_RANKS": ""}
-    proc = subprocess.run([sys.executable, "-m", "instruments.emulators.nccl_tests", "--world", "127.0.0.1:1",
+    proc = subprocess.run([sys.executable, "-m", "lumion_hil.instruments.emulators.nccl_tests", "--world", "127.0.0.1:1",
                            "--program", "all_reduce_perf", "-d", "float7"], capture_output=True, text=True, env=env,
                           timeout=60)
     assert proc.returncode == 1 and "Invalid datatype 'float7'" in proc.stderr

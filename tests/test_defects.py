@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.defects import CATALOGUE
+from lumion_hil.harness.defects import CATALOGUE
 
 from conftest import BENCHES, ROOT
 

@@ -8,11 +8,11 @@ from typing import Any, Callable
 
 import pytest
 
-from fixtures.dialogue import SerialDialogue
-from harness.config import load_bench
-from instruments.dicon import DiconMatrix
-from instruments.emulators.bench import EmulatedBench
-from instruments.protocols import InstrumentError
+from lumion_hil.fixtures.dialogue import SerialDialogue
+from lumion_hil.harness.config import load_bench
+from lumion_hil.instruments.dicon import DiconMatrix
+from lumion_hil.instruments.emulators.bench import EmulatedBench
+from lumion_hil.instruments.protocols import InstrumentError
 from conftest import BENCHES
 
 ALL_PARKED = [(f"X1 CH {i}?", f"{i},0") for i in range(1, 17)]

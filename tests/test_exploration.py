@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from conftest import BENCHES, ROOT, serve_bench
-from harness.exploration import Step, Story
+from lumion_hil.harness.exploration import Step, Story
 
 SUITE = ROOT / "test_suites" / "test_failure_sequences.py"
 
@@ -61,7 +61,7 @@ def test_a_story_saved_on_the_default_bench_replays_on_the_serial_bench(tmp_path
     assert status == 1 and len(stories) == 1, output[-3000:]
     story = Story.load(stories[0])
     assert story.bench == "emulated-prototype"
-    replay = [sys.executable, "-m", "harness", "replay", str(stories[0]), "--bench",
+    replay = [sys.executable, "-m", "lumion_hil", "replay", str(stories[0]), "--bench",
               str(BENCHES / "emulated-serial.yaml"), "--time-scale", "0.2"]
     again = subprocess.run(replay + ["--defect", "spare_in_use"], capture_output=True, text=True, timeout=120)
     assert again.returncode == 1, again.stdout + again.stderr  # the same controller breaks it there too
@@ -74,7 +74,7 @@ def test_a_story_saved_on_the_default_bench_replays_on_the_serial_bench(tmp_path
 def test_a_story_naming_parts_the_bench_lacks_is_refused_before_anything_moves(tmp_path):
     story = tmp_path / "story.yaml"
     Story("exploration", [Step("fault", host="host6", kind="gpu_failure")]).save(story)
-    proc = subprocess.run([sys.executable, "-m", "harness", "replay", str(story), "--bench",
+    proc = subprocess.run([sys.executable, "-m", "lumion_hil", "replay", str(story), "--bench",
                            str(BENCHES / "emulated.yaml"), "--time-scale", "0.2"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 4, proc.stdout + proc.stderr
@@ -82,7 +82,7 @@ def test_a_story_naming_parts_the_bench_lacks_is_refused_before_anything_moves(t
            "bench 'emulated-prototype' has no host 'host6'" in proc.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"steps": [{"fault": "meteor", "host": "host1"}]}))
-    proc = subprocess.run([sys.executable, "-m", "harness", "replay", str(bad)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "lumion_hil", "replay", str(bad)], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 4 and "unknown fault 'meteor'" in proc.stderr
 
@@ -112,7 +112,7 @@ def test_stories_that_once_broke_a_promise_keep_it_now(path):
     """Stories the nightly exploration found (each says what it broke, and the fix's commit
     says why): replayed on the bench they were told on, every promise holds."""
     story = Story.load(path)
-    proc = subprocess.run([sys.executable, "-m", "harness", "replay", str(path), "--bench",
+    proc = subprocess.run([sys.executable, "-m", "lumion_hil", "replay", str(path), "--bench",
                            str(_bench_named(story.bench)), "--time-scale", "0.2"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -12,14 +12,14 @@ import time
 import pytest
 
 from conftest import BENCHES
-from harness.binding import open_driver
-from harness.config import load_bench
-from harness.safety import GuardedSwitch
-from instruments.emulators.bench import EmulatedBench
-from instruments.emulators.scpi import FAULTS
-from instruments.gpu_host.agent import AGENT_FAULTS
-from instruments.gpu_host.client import AgentClient
-from instruments.protocols import InstrumentError, OutOfRange
+from lumion_hil.harness.binding import open_driver
+from lumion_hil.harness.config import load_bench
+from lumion_hil.harness.safety import GuardedSwitch
+from lumion_hil.instruments.emulators.bench import EmulatedBench
+from lumion_hil.instruments.emulators.scpi import FAULTS
+from lumion_hil.instruments.gpu_host.agent import AGENT_FAULTS
+from lumion_hil.instruments.gpu_host.client import AgentClient
+from lumion_hil.instruments.protocols import InstrumentError, OutOfRange
 
 TIMEOUT_S = 0.5  # every driver's I/O deadline in this module
 DOWN_S = 0.3  # how long a power loss lasts
@@ -163,7 +163,7 @@ def test_agent(agent, fault):
 
 
 def test_a_bench_file_starts_an_agent_with_its_faults(tcp_bench):
-    from instruments.emulators.bench import agent_argv
+    from lumion_hil.instruments.emulators.bench import agent_argv
 
     plain = tcp_bench.bench.host("host1")
     host = plain.model_copy(update={"emulation": plain.emulation.model_copy(update={"faults": ["errors"]})})

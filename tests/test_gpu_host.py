@@ -11,16 +11,16 @@ import time
 import pynvml
 import pytest
 
-from harness.config import load_bench
-from harness.session import BenchSession
-from instruments.emulators.bench import EmulatedBench
-from instruments.emulators.nvml import FakeNvml
-from instruments.emulators.world_client import WorldClient
-from instruments.gpu_host.client import AgentClient, local_agent_argv, ssh_agent_argv
-from instruments.gpu_host.jobs import JobControl, JobError, fill_template
-from instruments.gpu_host.links import SysfsLinks
-from instruments.gpu_host.nvml_backend import NvmlGpus
-from instruments.protocols import InstrumentError
+from lumion_hil.harness.config import load_bench
+from lumion_hil.harness.session import BenchSession
+from lumion_hil.instruments.emulators.bench import EmulatedBench
+from lumion_hil.instruments.emulators.nvml import FakeNvml
+from lumion_hil.instruments.emulators.world_client import WorldClient
+from lumion_hil.instruments.gpu_host.client import AgentClient, local_agent_argv, ssh_agent_argv
+from lumion_hil.instruments.gpu_host.jobs import JobControl, JobError, fill_template
+from lumion_hil.instruments.gpu_host.links import SysfsLinks
+from lumion_hil.instruments.gpu_host.nvml_backend import NvmlGpus
+from lumion_hil.instruments.protocols import InstrumentError
 from conftest import BENCHES
 
 
@@ -139,7 +139,7 @@ def test_agent_that_dies_is_a_clear_error_or_is_started_again_for_a_read(session
     agent._proc.kill()
     agent._proc.wait()
     assert agent.health()[0]["index"] == 0 and agent.restarts == 1  # a read: started again, asked again
-    agent.argv = ["no-such-python", "-m", "instruments.gpu_host.agent"]  # the host is gone for good
+    agent.argv = ["no-such-python", "-m", "lumion_hil.agent"]  # the host is gone for good
     agent._proc.kill()
     agent._proc.wait()
     with pytest.raises(InstrumentError, match="host3: 'health': the agent is not running .*starting it again failed"):
@@ -148,7 +148,7 @@ def test_agent_that_dies_is_a_clear_error_or_is_started_again_for_a_read(session
 
 
 def test_agent_that_cannot_start_is_a_clear_error():
-    with pytest.raises(InstrumentError, match="host9: 'no-such-python -m instruments.gpu_host.agent': cannot start"):
+    with pytest.raises(InstrumentError, match="host9: 'no-such-python -m lumion_hil.agent': cannot start"):
         AgentClient("host9", local_agent_argv("no-such-python"))
 
 
@@ -241,4 +241,4 @@ def test_real_sysfs_loopback_is_readable_and_waits_by_netlink():
 def test_ssh_agent_command_is_a_list():
     assert ssh_agent_argv("lab@gpu-a", "/opt/venv/bin/python") == [
         "ssh", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "lab@gpu-a",
-        "/opt/venv/bin/python", "-m", "instruments.gpu_host.agent"]
+        "/opt/venv/bin/python", "-m", "lumion_hil.agent"]

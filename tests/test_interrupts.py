@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import load_bench
-from harness.exit_codes import ExitCode
-from harness.interrupts import Interrupts, RunInterrupted
+from lumion_hil.harness.config import load_bench
+from lumion_hil.harness.exit_codes import ExitCode
+from lumion_hil.harness.interrupts import Interrupts, RunInterrupted
 
 from conftest import query_scpi as _query
 
@@ -42,7 +42,7 @@ def _interrupt_mid_recovery(tmp_path, served, signals: list[int]):
     run_id = f"test-{os.getpid()}-{time.time_ns()}"
     env = {**os.environ, "LUMION_HIL_LOCK_DIR": str(tmp_path), "LUMION_HIL_RUN": run_id}
     results = tmp_path / "results"
-    run = subprocess.Popen([sys.executable, "-m", "harness", "run", "--bench", str(bench_out), "--results", str(results),
+    run = subprocess.Popen([sys.executable, "-m", "lumion_hil", "run", "--bench", str(bench_out), "--results", str(results),
                             "--no-report", "-k", "recovery_time and gpu_failure", "-q", "-p", "no:randomly"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
     try:

@@ -10,13 +10,13 @@ from typing import Any, Callable
 
 import pytest
 
-from fixtures.dialogue import DialogueServer
-from harness.binding import open_driver
-from harness.limits import dark_after_disconnect, received_power
-from instruments.keysight_n77xx import KeysightN77xx
-from instruments.protocols import InstrumentError, OutOfRange
-from instruments.thorlabs_pm100 import ThorlabsPM100
-from instruments.visa import VisaSession
+from lumion_hil.fixtures.dialogue import DialogueServer
+from lumion_hil.harness.binding import open_driver
+from lumion_hil.harness.limits import dark_after_disconnect, received_power
+from lumion_hil.instruments.keysight_n77xx import KeysightN77xx
+from lumion_hil.instruments.protocols import InstrumentError, OutOfRange
+from lumion_hil.instruments.thorlabs_pm100 import ThorlabsPM100
+from lumion_hil.instruments.visa import VisaSession
 
 NO_ERROR = '0,"No error"'  # Thorlabs' empty error queue
 KS_NO_ERROR = '+0,"No error"'  # Keysight's

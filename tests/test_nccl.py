@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from instruments.gpu_host.nccl import NcclParseError, bus_bandwidth_factor, parse, parse_runs
+from lumion_hil.instruments.gpu_host.nccl import NcclParseError, bus_bandwidth_factor, parse, parse_runs
 
 OUT = Path(__file__).resolve().parent / "nccl_outputs"
 PUBLISHED = OUT / "published"  # real outputs; SOURCES.md says where each came from
@@ -139,16 +139,16 @@ def test_bus_bandwidth_factors():
 
 
 def test_cli_prints_json_and_names_broken_files():
-    ok = subprocess.run([sys.executable, "-m", "harness", "nccl", "parse", str(OUT / "new-us-2gpu.txt")],
+    ok = subprocess.run([sys.executable, "-m", "lumion_hil", "nccl", "parse", str(OUT / "new-us-2gpu.txt")],
                         capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0
     data = json.loads(ok.stdout)
     assert len(data["runs"]) == 1
     run = data["runs"][0]
     assert run["rows"][1]["out_of_place"]["algbw_gbps"] == 0.03 and run["avg_busbw_gbps"] == 0.5645
-    several = subprocess.run([sys.executable, "-m", "harness", "nccl", "parse", str(PUBLISHED / "awsome-readme-three-runs.md")],
+    several = subprocess.run([sys.executable, "-m", "lumion_hil", "nccl", "parse", str(PUBLISHED / "awsome-readme-three-runs.md")],
                              capture_output=True, text=True, timeout=60)
     assert several.returncode == 0 and len(json.loads(several.stdout)["runs"]) == 3
-    bad = subprocess.run([sys.executable, "-m", "harness", "nccl", "parse", str(OUT / "broken-truncated.txt")],
+    bad = subprocess.run([sys.executable, "-m", "lumion_hil", "nccl", "parse", str(OUT / "broken-truncated.txt")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "broken-truncated.txt:3: expected 13 columns" in bad.stderr

@@ -7,7 +7,7 @@ import json
 from conftest import BENCHES
 
 SUITE = """
-from harness.measurements import Spec
+from lumion_hil.harness.measurements import Spec
 
 def test_measures(measure, optical_switch):
     optical_switch.disconnect([(1, 20)])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.pod import Pod, PodSpec
+from lumion_hil.harness.pod import Pod, PodSpec
 
 
 def test_a_rack_swaps_in_its_own_spare_and_keeps_the_ring_bandwidth():

@@ -11,10 +11,10 @@ from typing import Any, Callable
 
 import pytest
 
-from fixtures.dialogue import DialogueServer
-from instruments.polatis import PolatisSwitch
-from instruments.protocols import InstrumentError, PortState
-from instruments.visa import VisaSession
+from lumion_hil.fixtures.dialogue import DialogueServer
+from lumion_hil.instruments.polatis import PolatisSwitch
+from lumion_hil.instruments.protocols import InstrumentError, PortState
+from lumion_hil.instruments.visa import VisaSession
 
 OK = (":SYST:ERR:ALL?", '0,"No error"')
 

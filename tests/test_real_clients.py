@@ -8,8 +8,8 @@ import pytest
 import pyvisa
 
 from conftest import BENCHES
-from harness.config import load_bench
-from instruments.emulators.bench import EmulatedBench
+from lumion_hil.harness.config import load_bench
+from lumion_hil.instruments.emulators.bench import EmulatedBench
 
 pymeasure_thorlabs = pytest.importorskip("pymeasure.instruments.thorlabs")
 ThorlabsPM100 = pytest.importorskip("ThorlabsPM100").ThorlabsPM100

@@ -13,13 +13,13 @@ import time
 
 import pytest
 
-from harness.config import load_bench, parse_bench
-from harness.controller import RecoveryController, RecoveryError, RecoveryResult, load_controller
-from harness.faults import CATALOGUE, Fault, FaultNotPossible, Injector
-from harness.published import published
-from harness.recovery import ground_truth
-from harness.session import BenchSession
-from reports.plots import recovery_figure, render
+from lumion_hil.harness.config import load_bench, parse_bench
+from lumion_hil.harness.controller import RecoveryController, RecoveryError, RecoveryResult, load_controller
+from lumion_hil.harness.faults import CATALOGUE, Fault, FaultNotPossible, Injector
+from lumion_hil.harness.published import published
+from lumion_hil.harness.recovery import ground_truth
+from lumion_hil.harness.session import BenchSession
+from lumion_hil.reports.plots import recovery_figure, render
 from conftest import BENCHES, ROOT
 
 TEXT = (BENCHES / "emulated.yaml").read_text()
@@ -173,7 +173,7 @@ def _connections(resource: str) -> str:
 
 def test_killing_a_run_mid_recovery_keeps_its_record_and_the_next_run_restores_the_baseline(tmp_path):
     served = tmp_path / "served.yaml"
-    emulator = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--time-scale", "0.2", "--bench-out", str(served)],
+    emulator = subprocess.Popen([sys.executable, "-m", "lumion_hil", "emulate", "--time-scale", "0.2", "--bench-out", str(served)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         switch = next(line for line in emulator.stdout if line.startswith("ocs\t")).split("\t")[2].strip()

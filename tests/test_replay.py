@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import serial
 
-from harness.config import load_bench
-from instruments.emulators.bench import EmulatedBench
+from lumion_hil.harness.config import load_bench
+from lumion_hil.instruments.emulators.bench import EmulatedBench
 
 REPLAY = Path(__file__).parent / "replay"
 

@@ -32,7 +32,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 def _run(results: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "LUMION_HIL_LOCK_DIR": str(results)}
-    return subprocess.run([sys.executable, "-m", "harness", "run", "--results", str(results), "--time-scale", "0.2",
+    return subprocess.run([sys.executable, "-m", "lumion_hil", "run", "--results", str(results), "--time-scale", "0.2",
                            "-q", "-p", "no:randomly", "-k", "circuit_make or (test_recovery_time and gpu_failure)", *extra],
                           capture_output=True, text=True, timeout=600, env=env)
 

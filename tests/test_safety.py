@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.errors import BenchInUseError, SafetyError
-from harness.lock import BenchLock
-from harness.session import BenchSession
+from lumion_hil.harness.errors import BenchInUseError, SafetyError
+from lumion_hil.harness.lock import BenchLock
+from lumion_hil.harness.session import BenchSession
 
 
 def test_protected_port_is_refused_even_when_it_is_the_only_path(bench_cfg):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from instruments.emulators.scpi import ScpiDevice, ScpiError, parse_channel_list, split_top_level
+from lumion_hil.instruments.emulators.scpi import ScpiDevice, ScpiError, parse_channel_list, split_top_level
 
 
 @pytest.fixture

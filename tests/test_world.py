@@ -9,8 +9,8 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from harness.config import load_bench
-from instruments.emulators.world import World, WorldError
+from lumion_hil.harness.config import load_bench
+from lumion_hil.instruments.emulators.world import World, WorldError
 from conftest import BENCHES
 
 MS = 1_000_000
@@ -179,7 +179,7 @@ def test_a_link_coming_up_between_two_questions_still_wakes_its_waiter(bench_cfg
     """The agent's netlink wait: the link's state and its next change are read at one instant.
     Read apart, a link coming up in between left nothing to wait for, and the wait lasted to its
     timeout (a recovery's link phase once took its whole 2 s deadline)."""
-    from instruments.emulators.world_service import WorldService
+    from lumion_hil.instruments.emulators.world_service import WorldService
 
     clock = _RacingClock()
     world = World(bench_cfg, clock_ns=clock)

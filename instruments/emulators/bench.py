@@ -8,10 +8,10 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from instruments.emulators.world import World
+from lumion_hil.instruments.emulators.world import World
 
 if TYPE_CHECKING:
-    from harness.config import Bench
+    from lumion_hil.harness.config import Bench
 
 
 class EmulatedBench:
@@ -28,7 +28,7 @@ class EmulatedBench:
     def start(self) -> "EmulatedBench":
         try:
             if any(h.emulated for h in self.bench.topology.hosts):
-                from instruments.emulators.world_service import WorldService
+                from lumion_hil.instruments.emulators.world_service import WorldService
 
                 self.world_service = WorldService(self.world).start()
             for index, (name, spec) in enumerate(self.bench.instruments.items()):
@@ -48,25 +48,25 @@ class EmulatedBench:
     def _serve(self, name: str, spec, seed: int):
         """The emulator for a model, on the transport its real instrument uses (the USB meter
         excepted: served on TCP, see its emulator)."""
-        from instruments.emulators.scpi import PtyLineServer, TcpScpiServer
+        from lumion_hil.instruments.emulators.scpi import PtyLineServer, TcpScpiServer
 
         if spec.model == "polatis":
-            from instruments.emulators.polatis import PolatisEmulator
+            from lumion_hil.instruments.emulators.polatis import PolatisEmulator
 
             device = PolatisEmulator(name, spec, self.world, seed=seed)
             return device, TcpScpiServer(device)
         if spec.model == "keysight-n77xx":
-            from instruments.emulators.keysight_n77xx import KeysightN77xxEmulator
+            from lumion_hil.instruments.emulators.keysight_n77xx import KeysightN77xxEmulator
 
             device = KeysightN77xxEmulator(name, spec, self.world, self.bench, seed=seed)
             return device, TcpScpiServer(device)
         if spec.model == "thorlabs-pm100":
-            from instruments.emulators.thorlabs_pm100 import ThorlabsPM100Emulator
+            from lumion_hil.instruments.emulators.thorlabs_pm100 import ThorlabsPM100Emulator
 
             device = ThorlabsPM100Emulator(name, spec, self.world, self.bench, seed=seed)
             return device, TcpScpiServer(device)
         if spec.model == "dicon-matrix":
-            from instruments.emulators.dicon import DiconEmulator
+            from lumion_hil.instruments.emulators.dicon import DiconEmulator
 
             device = DiconEmulator(name, spec, self.world, seed=seed)
             return device, PtyLineServer(device.handle_line, name, eol=b"\r\n", faults=device.faults,
@@ -82,7 +82,7 @@ class EmulatedBench:
         """Switch a fault on in an emulated instrument: ``stall``, ``delay=30``, ``power_loss=2``
         (see instruments/emulators/scpi.py FAULTS). ``power_loss`` happens once, now: the call
         returns with the power off, and it comes back on its own."""
-        from instruments.emulators.scpi import FAULTS
+        from lumion_hil.instruments.emulators.scpi import FAULTS
 
         name, _, value = fault.partition("=")
         if instrument not in self.emulators:
@@ -126,13 +126,13 @@ def agent_argv(world_address: str, host, *extra: str) -> list[str]:
     interfaces = ",".join(f"{n.interface or n.name}={n.name}" for n in host.nics)
     latency = ["--notify-latency-s", str(host.emulation.agent_latency_s)] if host.emulation.agent_latency_s else []
     faults = [f"--fault={fault}" for fault in host.emulation.faults]
-    return [sys.executable, "-m", "instruments.gpu_host.agent", "--world", world_address,
+    return [sys.executable, "-m", "lumion_hil.instruments.gpu_host.agent", "--world", world_address,
             "--host", host.name, "--interfaces", interfaces, *latency, *faults, *extra]
 
 
 def nccl_tests_folder(world_address: str) -> Path:
     """A folder of emulated nccl-tests executables for the world at ``world_address``."""
-    from instruments.emulators.nccl_tests import install
+    from lumion_hil.instruments.emulators.nccl_tests import install
 
     folder = Path(tempfile.gettempdir()) / "lumion-hil-nccl-tests" / world_address.replace(":", "-")
     return install(folder, world_address)
@@ -140,7 +140,7 @@ def nccl_tests_folder(world_address: str) -> Path:
 
 def job_argv(world_address: str, job, ranks: list[str]) -> list[str]:
     """The emulated training job's command template (one rank; {rank} filled by the agent)."""
-    return [sys.executable, "-m", "instruments.gpu_host.emulated_job", "--world", world_address,
+    return [sys.executable, "-m", "lumion_hil.instruments.gpu_host.emulated_job", "--world", world_address,
             "--ranks", ",".join(ranks), "--rank", "{rank}", "--gradient-bytes", str(job.gradient_bytes),
             "--compute-time-s", str(job.compute_time_s), "--startup-time-s", str(job.startup_time_s),
             "--batch", str(job.batch_per_rank)]

@@ -26,7 +26,7 @@ import collections
 import re
 import time
 
-from instruments.emulators.world import WorldError
+from lumion_hil.instruments.emulators.world import WorldError
 
 NO_ERROR = "+0, No Error"
 UNDEFINED = (-113, "Undefined header")

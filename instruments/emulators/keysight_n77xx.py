@@ -23,8 +23,8 @@ import random
 import struct
 import time
 
-from instruments.emulators.photodiode import PhotodiodeChannel, taps_for
-from instruments.emulators.scpi import (
+from lumion_hil.instruments.emulators.photodiode import PhotodiodeChannel, taps_for
+from lumion_hil.instruments.emulators.scpi import (
     DATA_OUT_OF_RANGE,
     DATA_STALE,
     HARDWARE_MISSING,

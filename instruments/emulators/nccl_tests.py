@@ -22,8 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from instruments.collectives import bus_factor
-from instruments.emulators.world_client import WorldClient
+from lumion_hil.instruments.collectives import bus_factor
+from lumion_hil.instruments.emulators.world_client import WorldClient
 
 PROGRAMS = {"all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather",
             "reduce_scatter_perf": "reduce_scatter", "broadcast_perf": "broadcast", "reduce_perf": "reduce",
@@ -187,7 +187,7 @@ def install(folder: Path, world_address: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for program in PROGRAMS:
         script = folder / program
-        script.write_text(f"#!/bin/sh\nexec {sys.executable} -m instruments.emulators.nccl_tests "
+        script.write_text(f"#!/bin/sh\nexec {sys.executable} -m lumion_hil.instruments.emulators.nccl_tests "
                           f"--world {world_address} --program {program} \"$@\"\n", encoding="utf-8")
         script.chmod(0o755)
     return folder

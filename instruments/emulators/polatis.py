@@ -24,8 +24,8 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the emulators read the bench's settings; they import nothing from harness
-    from harness.config import SwitchInstrument
-from instruments.emulators.scpi import (
+    from lumion_hil.harness.config import SwitchInstrument
+from lumion_hil.instruments.emulators.scpi import (
     DATA_OUT_OF_RANGE,
     ILLEGAL_PARAMETER,
     MISSING_PARAMETER,
@@ -39,7 +39,7 @@ from instruments.emulators.scpi import (
     parse_channel_list,
     split_top_level,
 )
-from instruments.emulators.world import World, WorldError
+from lumion_hil.instruments.emulators.world import World, WorldError
 
 _WORLD_ERRORS = {"range": DATA_OUT_OF_RANGE, "conflict": SETTINGS_CONFLICT, "argument": ILLEGAL_PARAMETER}
 

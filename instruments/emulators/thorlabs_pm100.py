@@ -21,8 +21,8 @@ import math
 import random
 import time
 
-from instruments.emulators.photodiode import PhotodiodeChannel, taps_for
-from instruments.emulators.scpi import (
+from lumion_hil.instruments.emulators.photodiode import PhotodiodeChannel, taps_for
+from lumion_hil.instruments.emulators.scpi import (
     DATA_STALE,
     SETTINGS_CONFLICT,
     Number,

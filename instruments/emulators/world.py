@@ -17,10 +17,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
-from instruments.collectives import Cost, Fabric, Link, collective_cost
+from lumion_hil.instruments.collectives import Cost, Fabric, Link, collective_cost
 
 if TYPE_CHECKING:  # the emulators read the bench's settings; they import nothing from harness
-    from harness.config import Bench
+    from lumion_hil.harness.config import Bench
 
 
 class WorldError(Exception):

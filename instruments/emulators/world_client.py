@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from instruments.gpu_host import wire
+from lumion_hil.instruments.gpu_host import wire
 
 
 class WorldClient:

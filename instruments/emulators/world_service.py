@@ -9,10 +9,10 @@ import socketserver
 import threading
 import time
 
-from instruments.collectives import NoPath
-from instruments.emulators.world import World
-from instruments.emulators.world_client import WorldClient  # noqa: F401  (where it was)
-from instruments.gpu_host import wire
+from lumion_hil.instruments.collectives import NoPath
+from lumion_hil.instruments.emulators.world import World
+from lumion_hil.instruments.emulators.world_client import WorldClient  # noqa: F401  (where it was)
+from lumion_hil.instruments.gpu_host import wire
 
 
 class _Handler(socketserver.StreamRequestHandler):

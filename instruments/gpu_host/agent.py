@@ -22,10 +22,10 @@ import threading
 import time
 import traceback
 
-from instruments.gpu_host import wire
-from instruments.gpu_host.jobs import JobControl
-from instruments.gpu_host.links import SysfsLinks, WorldLinks
-from instruments.gpu_host.nvml_backend import NvmlGpus
+from lumion_hil.instruments.gpu_host import wire
+from lumion_hil.instruments.gpu_host.jobs import JobControl
+from lumion_hil.instruments.gpu_host.links import SysfsLinks, WorldLinks
+from lumion_hil.instruments.gpu_host.nvml_backend import NvmlGpus
 
 VERSION = 1
 
@@ -225,8 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.world:
         if not args.host:
             parser.error("--world needs --host")
-        from instruments.emulators.nvml import FakeNvml
-        from instruments.emulators.world_client import WorldClient
+        from lumion_hil.instruments.emulators.nvml import FakeNvml
+        from lumion_hil.instruments.emulators.world_client import WorldClient
 
         world = WorldClient(args.world)
         interfaces = dict(pair.split("=", 1) for pair in args.interfaces.split(",") if pair)

@@ -10,8 +10,8 @@ import sys
 import threading
 import time
 
-from instruments.gpu_host import wire
-from instruments.protocols import ClockMapping, GpuHost, InstrumentError, InstrumentIOError
+from lumion_hil.instruments.gpu_host import wire
+from lumion_hil.instruments.protocols import ClockMapping, GpuHost, InstrumentError, InstrumentIOError
 
 # Calls that only read the host: after the agent's session is lost, the client starts it again and
 # asks once more (nothing on the host changes by asking twice).
@@ -19,13 +19,13 @@ READ_ONLY = frozenset({"hello", "clock", "devices", "health", "links", "link", "
 
 
 def local_agent_argv(python: str = sys.executable, *extra: str) -> list[str]:
-    return [python, "-m", "instruments.gpu_host.agent", *extra]
+    return [python, "-m", "lumion_hil.agent", *extra]
 
 
 def ssh_agent_argv(destination: str, python: str = "python3") -> list[str]:
     """The agent on another host: lumion-hil must be installed there for ``python``."""
     return ["ssh", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", destination,
-            python, "-m", "instruments.gpu_host.agent"]
+            python, "-m", "lumion_hil.agent"]
 
 
 class _Gone(Exception):

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from instruments.emulators.world_client import WorldClient
+from lumion_hil.instruments.emulators.world_client import WorldClient
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,3 @@
+from lumion_hil.harness.cli import main
+
+main()
