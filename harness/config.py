@@ -26,7 +26,10 @@ from pydantic import (
     model_validator,
 )
 
+from lumion_hil.harness import timescale
 from lumion_hil.harness.errors import BenchFileError, BenchProblem
+from lumion_hil.harness.plugins import BACKENDS, CONTROLLERS, plugin_names
+from lumion_hil.instruments.backend import AGENT_FAULTS, INSTRUMENT_FAULTS
 
 EMULATED = "emulated"
 
@@ -70,14 +73,10 @@ def _check_faults(faults: list[str], known: dict[str, str]) -> list[str]:
 
 
 def _instrument_faults(faults: list[str]) -> list[str]:
-    from lumion_hil.instruments.emulators.scpi import FAULTS
-
-    return _check_faults(faults, FAULTS)
+    return _check_faults(faults, INSTRUMENT_FAULTS)
 
 
 def _agent_faults(faults: list[str]) -> list[str]:
-    from lumion_hil.instruments.gpu_host.agent import AGENT_FAULTS
-
     return _check_faults(faults, AGENT_FAULTS)
 
 
@@ -211,7 +210,7 @@ class HostEmulation(_Model):
     silent_data_corruption: bool = Field(False, description="its GPU returns wrong results without an error")
     link_flaps: NonNegativeInt = Field(0, description="times a link comes up and drops again before it stays up")
     faults: list[str] = Field(default=[], description="faults of its agent from the start: drop, stall, delay=S, "
-                              "partial, garbage, errors, power_loss (python -m lumion_hil.agent --help)")
+                              "partial, garbage, errors, power_loss (python -m lumion_hil.instruments.emulators.agent --help)")
 
     _faults = field_validator("faults")(_agent_faults)
 
@@ -304,7 +303,8 @@ class Deadlines(_Model):
         """Each deadline times ``scale``, plus the I/O allowance (unchanged at scale 1)."""
         if scale == 1.0:
             return self
-        return self.model_copy(update={k: getattr(self, k) * scale + self.io_allowance_s for k in self.WAITS})
+        return self.model_copy(update={k: timescale.scaled(getattr(self, k), scale, self.io_allowance_s)[0]
+                                       for k in self.WAITS})
 
     def describe(self, scale: float) -> dict:
         """For the run record: the deadlines waited on, and how they were derived."""
@@ -384,7 +384,8 @@ class NcclTests(_Model):
 
 class RecoverySettings(_Model):
     controller: str = Field("lumion_hil.harness.controller:ReferenceController",
-                            description="module:factory of the recovery controller under test")
+                            description="the recovery controller under test: module:factory, or a name registered "
+                            "under the lumion_hil.controllers entry points (reference)")
     controller_options: dict[str, Any] = Field(default={}, description="keyword arguments for the factory")
     migration: MigrationBaseline = MigrationBaseline()
     fault_seed: int = 1
@@ -401,6 +402,9 @@ class Bench(_Model):
     name: str
     description: str = ""
     emulator: EmulatorSettings = EmulatorSettings()
+    backend: str | None = Field(None, description="the bench backend: module:factory, or a name registered under the "
+                                "lumion_hil.backends entry points (emulated, served, real); default: from the bench "
+                                "(emulated instruments: emulated; hosts at world:HOST:PORT: served; else real)")
     instruments: dict[str, Instrument] = Field(min_length=1)
     topology: Topology
     detectors: list[Detector] = []
@@ -463,6 +467,15 @@ class Bench(_Model):
     def detectors_for_port(self, port: int) -> list[Detector]:
         return [d for d in self.detectors if d.port == port]
 
+    def at_receiver_dbm(self, egress: int, port_dbm):
+        """The light at the receiver fed by switch egress ``egress``, from the power read at that
+        port: less the receive fibre of the NIC there (none: the port's own). A reading that is
+        not a number (out of range) is passed on as it is. The one place this is computed."""
+        if not isinstance(port_dbm, float):
+            return port_dbm
+        owner = self.nic_on_rx_port(egress)
+        return port_dbm - (owner[1].rx_fibre_loss_db if owner else 0.0)
+
     def meter_detector_for_port(self, port: int) -> Detector | None:
         """A detector on a power meter (not a switch monitor) watching this port."""
         return next((d for d in self.detectors if d.port == port and d.instrument != self.topology.switch), None)
@@ -504,8 +517,11 @@ class Bench(_Model):
 
             if key not in all_published():
                 bad(f"published.{key}", f"no published number {key!r}; see harness/published.yaml")
-        if ":" not in self.recovery.controller:
-            bad("recovery.controller", "expected module:factory, e.g. harness.controller:ReferenceController")
+        for path, spec, group in (("recovery.controller", self.recovery.controller, CONTROLLERS),
+                                  ("backend", self.backend, BACKENDS)):
+            if spec is not None and ":" not in spec and spec not in plugin_names(group):
+                bad(path, f"expected module:factory, or one of the names registered in {group} "
+                          f"({', '.join(plugin_names(group)) or 'none'})")
         if self.electrical is not None:
             hosts = {h.name for h in self.topology.hosts}
             for host in self.electrical.racks:
@@ -627,10 +643,15 @@ def parse_bench(text: str, file: str = "<bench>", *, time_scale: float | None = 
     if wanted:
         from lumion_hil.harness.defects import DefectError, apply_defects
 
+        emulated = bench.any_emulated or any(h.world_address for h in bench.topology.hosts)
         try:
-            bench = apply_defects(bench, wanted)
+            data = apply_defects(bench.model_dump(mode="json"), wanted, emulated=emulated, bench_name=bench.name)
+            bench = Bench.model_validate(data)
         except DefectError as exc:
             raise BenchFileError(file, [BenchProblem("emulator.defects", str(exc), _line_of(root, "emulator"))]) from None
+        except ValidationError as exc:
+            raise BenchFileError(file, [BenchProblem("emulator.defects", f"{', '.join(wanted)}: makes an invalid "
+                                                     f"bench: {exc}", _line_of(root, "emulator"))]) from None
     return bench
 
 

@@ -4,16 +4,16 @@ each one against the suite it should break; the README has the table).
 
 A defect is ``NAME`` or ``NAME=VALUE``, from the bench file (``emulator.defects``), from
 ``lumion-hil run --defect`` or ``lumion-hil emulate --defect``. Device defects change what the
-emulators do (never a limit); controller defects swap in a controller with that bug.
+emulators do (never a limit); controller defects swap in a controller with that bug
+(harness/testing.py). Defects edit the bench's data only: the bench file's loader validates the
+result again, so a defect can never make a bench invalid.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable
 
-from lumion_hil.harness.controller import Detection, Plan, RecoveryResult, ReferenceController
 from lumion_hil.harness.errors import HarnessError
 
 
@@ -106,7 +106,7 @@ def _silent_data_corruption(data, value):
 def _controller(factory: str, **fixed):
     def apply(data, value):
         recovery = data.setdefault("recovery", {})
-        recovery["controller"] = f"lumion_hil.harness.defects:{factory}"
+        recovery["controller"] = f"lumion_hil.harness.testing:{factory}"
         options = dict(fixed)
         if value is not None:
             ms, phase = _split(value)
@@ -163,143 +163,16 @@ def parse(spec: str) -> tuple[Defect, str | None]:
     return defect, (value.strip() if eq else defect.default)
 
 
-def apply_defects(bench, specs: list[str]):
-    """The bench with these defects: validated again, so a defect can never make it invalid."""
-    from lumion_hil.harness.config import Bench
-
-    data = bench.model_dump(mode="json")
+def apply_defects(data: dict, specs: list[str], *, emulated: bool, bench_name: str) -> dict:
+    """The bench's data (``Bench.model_dump(mode="json")``) with these defects applied;
+    ``emulated``: whether any part of the bench is emulated (device defects need one)."""
     for spec in specs:
         defect, value = parse(spec)
-        if defect.device and not bench.any_emulated and not any(h.world_address for h in bench.topology.hosts):
-            raise DefectError(f"{defect.name}: a device defect needs an emulated bench; bench {bench.name!r} is real")
+        if defect.device and not emulated:
+            raise DefectError(f"{defect.name}: a device defect needs an emulated bench; bench {bench_name!r} is real")
         try:
             defect.apply(data, value)
         except (KeyError, IndexError, TypeError) as exc:
-            raise DefectError(f"{spec}: cannot apply it to bench {bench.name!r}: {exc}") from None
+            raise DefectError(f"{spec}: cannot apply it to bench {bench_name!r}: {exc}") from None
     data["emulator"]["defects"] = list(specs)
-    try:
-        return Bench.model_validate(data)
-    except Exception as exc:
-        raise DefectError(f"{', '.join(specs)}: makes an invalid bench: {exc}") from None
-
-
-# --- controllers with bugs ----------------------------------------------------------------------
-
-
-class SlowController(ReferenceController):
-    """Spends ``delay_ms`` more in one phase (a slow planner, a slow switch driver...)."""
-
-    def __init__(self, session, ranks, delay_ms: float = 600.0, phase: str = "plan"):
-        super().__init__(session, ranks)
-        self.delay_s, self.slow_phase = delay_ms / 1e3, phase
-
-    def plan(self, detection: Detection) -> Plan:
-        if self.slow_phase == "plan":
-            time.sleep(self.delay_s)  # the bug: a slow phase
-        return super().plan(detection)
-
-    def _apply(self, result, plan, give_up, record=True):
-        if self.slow_phase in ("switch", "light", "link"):
-            time.sleep(self.delay_s)
-        return super()._apply(result, plan, give_up, record)
-
-    def _restart(self, ranks):
-        if self.slow_phase == "restart":
-            time.sleep(self.delay_s)
-        return super()._restart(ranks)
-
-
-class SpareInUseController(ReferenceController):
-    """Takes the first host with a spare GPU, even one the job already runs on."""
-
-    def _pick_spare(self, ranks):
-        for host in self.bench.topology.hosts:
-            if host.name in ranks and any(g.role == "spare" for g in host.gpus):
-                return host.name
-        others = [h for h in ranks if not self._host_lost(h)]
-        return others[-1] if others else None  # the bug: a host already in the ring
-
-
-class LeavesFailedCircuitsController(ReferenceController):
-    """Wires the spare to free ports of the failed GPU's neighbours where it can, and leaves the
-    failed GPU's circuits where they are (light into a dead host, ports lost to the fabric)."""
-
-    def _rewire(self, failed, spare):
-        live = self.session.switch.connections()
-        used = {p for pair in live.items() for p in pair}
-        f_nics, s_nics = self.bench.host(failed).nics, self.bench.host(spare).nics
-        mine = {p for n in f_nics for p in (n.tx_port, n.rx_port)}
-        peers: list[str] = []
-        for ingress, egress in sorted(live.items()):
-            if ingress in mine or egress in mine:
-                end = self.bench.nic_on_rx_port(egress) if ingress in mine else self.bench.nic_on_tx_port(ingress)
-                if end is not None and end[0].name not in peers:
-                    peers.append(end[0].name)
-        add = []
-        for s_nic, peer in zip(s_nics, peers):
-            free = next((n for n in self.bench.host(peer).nics if n.tx_port not in used and n.rx_port not in used), None)
-            if free is None:
-                return super()._rewire(failed, spare)  # no free port: it has to do it right
-            used |= {free.tx_port, free.rx_port}
-            add += [(s_nic.tx_port, free.rx_port), (free.tx_port, s_nic.rx_port)]
-        spare_ports = {p for n in s_nics for p in (n.tx_port, n.rx_port)}
-        return [(i, e) for i, e in sorted(live.items()) if {i, e} & spare_ports], add
-
-
-class NeverDegradedController(ReferenceController):
-    """With no spare left it reports a failure, not "degraded": the run cannot tell a fabric
-    with no spare from a broken one."""
-
-    def recover(self, fault_ns=None) -> RecoveryResult:
-        result = super().recover(fault_ns)
-        if result.status == "degraded":
-            result.status = "failed"
-        return result
-
-
-class EarlyFirstStepController(ReferenceController):
-    """Claims the first step ``delay_ms`` before it happened."""
-
-    def __init__(self, session, ranks, delay_ms: float = 200.0):
-        super().__init__(session, ranks)
-        self.early_ns = int(delay_ms * 1e6)
-
-    def recover(self, fault_ns=None) -> RecoveryResult:
-        result = super().recover(fault_ns)
-        if result.first_step_ns is not None:
-            result.first_step_ns -= self.early_ns
-        return result
-
-
-class UnguardedController(ReferenceController):
-    """Rewires through the raw switch driver, around the guard, and so does not refuse a spare
-    behind a protected port."""
-
-    def _pick_spare(self, ranks):
-        for host in self.bench.topology.hosts:  # the bug: protected ports are not its concern
-            if host.name not in ranks and host.name not in self.out_of_service \
-                    and any(g.role == "spare" for g in host.gpus) and not self._host_lost(host.name):
-                return host.name
-        return None
-
-    def _replacement(self, ranks, failed, spare, why):
-        remove, add = self._rewire(failed, spare)
-        after = [spare if h == failed else h for h in ranks]
-        return Plan(failed, spare, ranks, after, remove, add, diagnosis=f"{failed} replaced by {spare} (unguarded)")
-
-    def _apply(self, result, plan, give_up, record=True):
-        raw = self.session.drivers[self.bench.topology.switch]  # the bug: not the guarded switch
-        guarded = self.session.switch
-        self.session.switch = _Unguarded(raw, guarded)
-        try:
-            return super()._apply(result, plan, give_up, record)
-        finally:
-            self.session.switch = guarded
-
-
-class _Unguarded:
-    def __init__(self, raw, guarded):
-        self._raw, self._guarded = raw, guarded
-
-    def __getattr__(self, name):
-        return getattr(self._raw if name in ("connect", "disconnect") else self._guarded, name)
+    return data

@@ -31,11 +31,13 @@ from lumion_hil.harness.controller import RecoveryResult, load_controller
 from lumion_hil.harness.errors import HarnessError
 from lumion_hil.harness.faults import Fault, FaultNotPossible, Injector
 from lumion_hil.harness.measurements import Spec
+from lumion_hil.harness.recovery import recover_from
+from lumion_hil.instruments.backend import NIC_FAULTS, FaultKind
 
 # Faults that take a host out of the job (a process killed restarts it in place).
-REPLACING = ("gpu_failure", "fibre_cut", "transceiver_degradation", "switch_port_failure")
-KINDS = ("process_kill",) + REPLACING
-NIC_KINDS = ("fibre_cut", "transceiver_degradation", "switch_port_failure")
+REPLACING = tuple(k.value for k in FaultKind if k != FaultKind.PROCESS_KILL)
+KINDS = (FaultKind.PROCESS_KILL.value,) + REPLACING
+NIC_KINDS = tuple(k.value for k in FaultKind if k in NIC_FAULTS)
 DURING = ("switch", "restart")  # the recovery phases a second fault may hit
 
 
@@ -202,7 +204,7 @@ class Story:
 
 
 @dataclass
-class _Model:
+class _Damage:
     """What the explorer knows has happened: hardware broken and not repaired, fading NICs."""
 
     faults: dict[str, list[Fault]] = field(default_factory=dict)  # host -> faults made on it
@@ -278,10 +280,10 @@ class Explorer:
         the baseline restored."""
         session = self.session
         session.stop_job()
-        for faults in getattr(self, "model", _Model()).faults.values():
+        for faults in getattr(self, "model", _Damage()).faults.values():
             for fault in faults:
                 self.injector.repair(fault)
-        for (host, nic), _ in getattr(self, "model", _Model()).fading.items():
+        for (host, nic), _ in getattr(self, "model", _Damage()).fading.items():
             self.injector.repair(Fault("transceiver_degradation", host, nic))
         world = session.world
         if world is not None:  # emulated: whatever a story broke, heal all of it
@@ -292,7 +294,7 @@ class Explorer:
             if stray:
                 world.disconnect(stray)
         session.restore_baseline()
-        self.model = _Model()
+        self.model = _Damage()
 
     # -- steps -----------------------------------------------------------------------------------
 
@@ -327,7 +329,7 @@ class Explorer:
         if step.action == "repair" and not self.model.broken(step.host) \
                 and not any(h == step.host for h, _ in self.model.fading):
             return f"nothing on {step.host} is broken"
-        if step.during is not None and step.during.kind not in ("gpu_failure", "process_kill"):
+        if step.during is not None and step.during.kind not in (FaultKind.GPU_FAILURE, FaultKind.PROCESS_KILL):
             return "a second fault during a recovery is a GPU failure or a killed process"
         if step.spare_fails and step.kind not in REPLACING:
             return f"{step.kind} takes no spare"
@@ -450,13 +452,10 @@ class Explorer:
 
     def _recover(self, make_fault: Callable[[], int], step: Step) -> RecoveryResult:
         self.controller.ranks = list(self.ranks)
-        self.controller.arm()
         started = time.monotonic()
         try:
-            fault_ns = make_fault()
-            result = self.controller.recover(fault_ns)
+            _, result = recover_from(self.controller, make_fault)
         except FaultNotPossible as exc:
-            self.controller.disarm()
             raise StoryError(str(exc)) from None
         self._took(result, started, step)
         self._settle(result)
@@ -548,11 +547,10 @@ class Explorer:
                     continue
                 det = next(iter(self.bench.detectors_for_port(nic.rx_port)), None)
                 if det is not None:
-                    reading = self.session.detector_dbm(det)
-                    received = reading - nic.rx_fibre_loss_db if isinstance(reading, float) else None
-                    if received is None or received < floor:
+                    received = self.session.received_dbm(det)
+                    if not isinstance(received, float) or received < floor:
                         raise Broken("every circuit has light above sensitivity plus margin",
-                                     f"{host}.{nic.name} receives {reading} ({det.name}), floor {floor:g} dBm")
+                                     f"{host}.{nic.name} receives {received} ({det.name}), floor {floor:g} dBm")
                 state = links.get(nic.interface or nic.name)
                 if state is None or state.get("carrier") != 1:
                     raise Broken("every circuit has carrier", f"{host}.{nic.name}: {state}")

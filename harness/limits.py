@@ -4,16 +4,15 @@ every time limit is scaled the same way as the emulated latencies, and its sourc
 
 from __future__ import annotations
 
+from lumion_hil.harness import timescale
 from lumion_hil.harness.config import Bench
 from lumion_hil.harness.measurements import Spec
 
 
 def scaled(bench: Bench, seconds: float, source: str) -> tuple[float, str]:
     """A time limit on this bench: scaled with its emulated latencies (and saying so)."""
-    scale = bench.time_scale
-    if scale == 1.0:
-        return seconds, source
-    return seconds * scale, f"{source}; x time scale {scale:g} (emulated latencies scaled alike)"
+    value, how = timescale.scaled(seconds, bench.time_scale)
+    return value, f"{source}; {how}" if how else source
 
 
 def received_power(bench: Bench) -> Spec:

@@ -9,6 +9,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict
 
+from lumion_hil.harness import timescale
 from lumion_hil.harness.measurements import Spec
 
 REGISTRY = Path(__file__).with_name("published.yaml")
@@ -53,9 +54,10 @@ def all_published() -> dict[str, Published]:
 def _scaled(p: Published, time_scale: float) -> tuple[float, str]:
     """A published time on an emulated bench run at ``time_scale``: scaled the same way as every
     emulated latency, and saying so. Other units are left as they are."""
-    if p.unit != "s" or time_scale == 1.0:
+    if p.unit != "s":
         return p.value, ""
-    return p.value * time_scale, f"; x time scale {time_scale:g} (emulated latencies scaled alike)"
+    value, how = timescale.scaled(p.value, time_scale)
+    return value, f"; {how}" if how else ""
 
 
 def upper_limit(name: str, key: str, overrides: dict | None = None, marginal_fraction: float = 0.1,

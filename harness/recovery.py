@@ -7,8 +7,10 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
-from lumion_hil.harness.controller import PHASES, RecoveryResult
+from lumion_hil.harness.recovery_model import PHASES, RecoveryResult
+from lumion_hil.instruments.backend import FaultKind
 
 
 class LightProbe:
@@ -72,7 +74,7 @@ class LightProbe:
 
 
 @dataclass
-class GroundTruth:
+class RecoveryTruth:
     fault_ns: int
     first_step_ns: int | None
     physical_s: dict[str, float] = field(default_factory=dict)  # per phase: time spent waiting on physics
@@ -83,14 +85,14 @@ class GroundTruth:
         return None if self.first_step_ns is None else (self.first_step_ns - self.fault_ns) / 1e9
 
 
-def ground_truth(world, fault_ns: int, result: RecoveryResult) -> GroundTruth:
+def ground_truth(world, fault_ns: int, result: RecoveryResult) -> RecoveryTruth:
     """The emulated world's record of the same recovery: when the fault truly happened, when the
     first step truly completed, and how much of each phase was physics (beams settling, links
     locking, the job starting and stepping) rather than the controller."""
     lead = result.plan.ranks_after[0] if result.plan else None
     steps = [e for e in world.events_of("job.step", lead) if e.t_ns > (result.restarted_ns or fault_ns)
              and e.detail.get("step") == 1]
-    truth = GroundTruth(fault_ns, steps[0].t_ns if steps else None)
+    truth = RecoveryTruth(fault_ns, steps[0].t_ns if steps else None)
     lit = [e.t_ns for e in world.events_of("circuit.lit") if e.t_ns > fault_ns]
     ups = []
     if result.plan:
@@ -131,13 +133,13 @@ def migrate_to_reserved_rack(session, ranks: list[str]) -> dict:
     from lumion_hil.instruments.gpu_host.jobs import JobControl
 
     world = session.world
-    if world is None or session.emulated.world_service is None:
+    reserved = [f"reserved-{i}" for i in range(len(ranks))]
+    argv = session.backend.job_argv(session.bench.job, reserved) if world is not None else None
+    if argv is None:
         raise ValueError("the migration baseline runs on an emulated bench (a reserved rack is not on a real one)")
     settings = session.bench.recovery.migration
     session.stop_job()
     restored_ns = world.transfer_checkpoint(settings.checkpoint_bytes, settings.network_gbps, settings.scheduling_s)
-    reserved = [f"reserved-{i}" for i in range(len(ranks))]
-    argv = session.emulated.job_argv(reserved)
     control = JobControl("/tmp/lumion-hil-migration", clock_ns=time.perf_counter_ns)
     # The reserved rack has no optical fabric: its servers talk over the electrical network.
     control.start(argv, {"rank": 0}, session.fabric_env(ranks[0], "electrical"))
@@ -151,7 +153,29 @@ def migrate_to_reserved_rack(session, ranks: list[str]) -> dict:
         control.stop(timeout_s=5)
 
 
-SWAP_FAULTS = ("gpu_failure", "fibre_cut", "switch_port_failure")
+# The hard faults that need a spare swapped in, in the order a suite tries them.
+SWAP_FAULTS = (FaultKind.GPU_FAILURE.value, FaultKind.FIBRE_CUT.value, FaultKind.SWITCH_PORT_FAILURE.value)
+
+
+def recover_from(controller, make_fault: Callable[[], int], undo: Callable[[], None] | None = None, *,
+                 keep_fault: bool = False) -> tuple[int, RecoveryResult]:
+    """The one path of every recovery the harness drives: arm the controller, make the fault,
+    let it recover, disarm; then ``undo`` (repair the fault) unless ``keep_fault`` (the caller
+    measures the bench with the fault in place and repairs it itself). Whatever goes wrong,
+    the controller is disarmed and the fault undone. Returns (fault instant, result)."""
+    controller.arm()
+    try:
+        fault_ns = make_fault()
+        result = controller.recover(fault_ns)
+    except BaseException:
+        controller.disarm()
+        if undo is not None:
+            undo()
+        raise
+    controller.disarm()
+    if undo is not None and not keep_fault:
+        undo()
+    return fault_ns, result
 
 
 def recover_once(session, ranks: list[str], kinds: tuple[str, ...] = SWAP_FAULTS):
@@ -167,12 +191,6 @@ def recover_once(session, ranks: list[str], kinds: tuple[str, ...] = SWAP_FAULTS
         raise ValueError(f"bench {session.bench.name!r} can make none of the faults {', '.join(kinds)}")
     controller = load_controller(session, ranks)
     fault = injector.choose(kind, ranks)
-    controller.arm()
-    try:
-        fault_ns = injector.inject(fault)
-        result = controller.recover(fault_ns)
-    except BaseException:
-        controller.disarm()
-        injector.repair(fault)
-        raise
+    fault_ns, result = recover_from(controller, lambda: injector.inject(fault), lambda: injector.repair(fault),
+                                    keep_fault=True)
     return injector, fault, fault_ns, result

@@ -9,13 +9,14 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from lumion_hil.harness.backends import load_backend
 from lumion_hil.harness.binding import open_driver
 from lumion_hil.harness.config import Bench, Detector, MeterInstrument, SwitchInstrument
 from lumion_hil.harness.interrupts import INTERRUPTS, critical, shield
 from lumion_hil.harness.lock import BenchLock
 from lumion_hil.harness.safety import GuardedSwitch
 from lumion_hil.harness.timeline import Timeline
-from lumion_hil.instruments.emulators.bench import agent_argv as emulated_agent_argv, job_argv as emulated_job_argv
+from lumion_hil.instruments.backend import BenchBackend
 from lumion_hil.instruments.gpu_host.client import AgentClient, local_agent_argv, ssh_agent_argv
 from lumion_hil.instruments.protocols import OutOfRange
 
@@ -50,14 +51,14 @@ class BenchSession:
     meters: dict[str, Any] = field(default_factory=dict)
     drivers: dict[str, Any] = field(default_factory=dict)
     hosts: dict[str, AgentClient] = field(default_factory=dict)
-    emulated: Any = None  # an EmulatedBench when any instrument is emulated
+    backend: BenchBackend | None = None  # emulated world, served world, real bench (instruments/backend.py)
     resources: dict[str, str] = field(default_factory=dict)
     _lock: BenchLock | None = None
 
     @property
     def world(self):
         """The emulated physical world (ground truth), or None on a real bench."""
-        return self.emulated.world if self.emulated is not None else None
+        return self.backend.world if self.backend is not None else None
 
     @classmethod
     def open(cls, bench: Bench, *, restore: bool = True) -> "BenchSession":
@@ -72,12 +73,9 @@ class BenchSession:
     def _open(self, restore: bool) -> None:
         if not self.bench.all_emulated:
             self._lock = BenchLock(self.bench.name).acquire()
-        if self.bench.any_emulated:
-            from lumion_hil.instruments.emulators.bench import EmulatedBench
-
-            self.emulated = EmulatedBench(self.bench).start()
+        self.backend = load_backend(self.bench).start()
         for name, spec in self.bench.instruments.items():
-            resource = self.emulated.resources[name] if spec.emulated else spec.resource
+            resource = self.backend.resources[name] if spec.emulated else spec.resource
             self.resources[name] = resource
             driver = open_driver(name, spec, resource, opc_timeout_s=self.bench.waits.opc_s)
             self.drivers[name] = driver
@@ -93,10 +91,9 @@ class BenchSession:
             self.restore_baseline()
 
     def _agent_argv(self, host) -> list[str]:
-        if host.emulated:
-            return self.emulated.agent_argv(host.name)
-        if host.world_address:
-            return emulated_agent_argv(host.world_address, host)
+        argv = self.backend.agent_argv(host)
+        if argv is not None:
+            return argv
         if host.address == "local":
             return local_agent_argv(host.python)
         return ssh_agent_argv(host.address, host.python)
@@ -109,11 +106,9 @@ class BenchSession:
             raise ValueError(f"bench {self.bench.name!r} has no job section")
         if job.command:
             return list(job.command)
-        if self.emulated is not None and self.emulated.world_service is not None:
-            return self.emulated.job_argv(ranks)
-        world = self.bench.host(ranks[0]).world_address
-        if world:
-            return emulated_job_argv(world, job, ranks)
+        argv = self.backend.job_argv(job, ranks)
+        if argv is not None:
+            return argv
         raise ValueError(f"bench {self.bench.name!r}: job.command is empty and its hosts are not emulated")
 
     def fabric_env(self, host_name: str, fabric: str = "optical") -> dict[str, str]:
@@ -138,7 +133,7 @@ class BenchSession:
 
         def start(rank: int, host_name: str) -> None:
             fields = {"rank": rank, "world_size": len(ranks), "gpu": 0, "master_port": job.master_port,
-                      "master_addr": "127.0.0.1" if master.emulated or master.world_address or master.address == "local"
+                      "master_addr": "127.0.0.1" if self.backend.local_address(master)
                            else master.address.split("@")[-1],
                       "heartbeat": f"{job.heartbeat_dir}/rank{rank}.jsonl"}
             started[host_name] = self.hosts[host_name].start_job(command, fields, self.fabric_env(host_name, fabric))
@@ -159,11 +154,9 @@ class BenchSession:
         settings = self.bench.nccl_tests
         lead = self.bench.host(ranks[0])
         env = self.fabric_env(ranks[0], fabric)
-        world = self.emulated.world_service.address if lead.emulated else lead.world_address
-        if world:
-            from lumion_hil.instruments.emulators.bench import nccl_tests_folder
-
-            folder, launcher = str(nccl_tests_folder(world)), []
+        emulated = self.backend.nccl_tests_folder(lead)
+        if emulated is not None:
+            folder, launcher = emulated, []
             env["LUMION_HIL_RANKS"] = ",".join(ranks)  # what mpirun -H would tell the real programs
         else:
             folder = settings.path
@@ -189,6 +182,10 @@ class BenchSession:
                 reading = self.meters[detector.instrument].read_dbm(detector.channel)
         return reading + detector.tap_loss_db if isinstance(reading, float) else reading
 
+    def received_dbm(self, detector: Detector) -> "float | OutOfRange":
+        """The light at the receiver behind the detector's port, as the detector reads it."""
+        return self.bench.at_receiver_dbm(detector.port, self.detector_dbm(detector))
+
     def restore_baseline(self, *, verify: bool = False) -> None:
         """Back to the baseline cross-connects, as one uninterruptible step; with ``verify``,
         read the switch back and raise if it is not there."""
@@ -209,8 +206,8 @@ class BenchSession:
         steps += [d.close for d in self.drivers.values()]
         # A second Ctrl-C shortens the wait for agents to leave (they are killed instead).
         steps += [lambda h=h: h.close(timeout_s=INTERRUPTS.wait_s(10.0)) for h in self.hosts.values()]
-        if self.emulated is not None:
-            steps.append(self.emulated.stop)
+        if self.backend is not None:
+            steps.append(self.backend.stop)
         if self._lock is not None:
             steps.append(self._lock.release)
         with shield():  # an interrupt now must not cut the clean-up short

@@ -1,3 +1,3 @@
-from lumion_hil.harness.cli import main
+from lumion_hil.cli import main
 
 main()

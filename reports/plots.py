@@ -10,14 +10,14 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 
-PHASE_ORDER = ("detect", "plan", "switch", "light", "link", "restart", "first_step")
+from lumion_hil.harness.recovery_model import PHASES  # noqa: E402
 
 
 def recovery_figure(phases: dict[str, tuple[int, int]], fault_ns: int, light: dict[str, list[tuple[int, float | None]]],
                     title: str = "recovery", sensitivity_dbm: float | None = None):
     fig, (ax_phase, ax_light) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True,
                                              gridspec_kw={"height_ratios": [3, 2]})
-    names = [p for p in PHASE_ORDER if p in phases]
+    names = [p for p in PHASES if p in phases]
     for row, name in enumerate(names):
         start, end = phases[name]
         left = (start - fault_ns) / 1e9

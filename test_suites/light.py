@@ -5,13 +5,10 @@ from __future__ import annotations
 from lumion_hil.harness.config import Detector
 
 
-def received_dbm(bench, detector: Detector):
+def received_dbm(session, detector: Detector):
     """Power at the receiver fed by the detector's port: the port's power less the receive
     fibre. An out-of-range reading is passed on as it is (never as a number)."""
-    port_dbm = bench.detector_dbm(detector)
-    nic = bench.bench.nic_on_rx_port(detector.port)
-    rx_loss = nic[1].rx_fibre_loss_db if nic else 0.0
-    return port_dbm - rx_loss if isinstance(port_dbm, float) else port_dbm
+    return session.received_dbm(detector)
 
 
 def light_threshold_reading_dbm(bench_file, detector: Detector) -> float:

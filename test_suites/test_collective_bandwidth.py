@@ -12,7 +12,7 @@ import io
 import allure
 import pytest
 
-from lumion_hil.fixtures import allure_glue
+from lumion_hil.reports import allure_glue
 from lumion_hil.harness.bandwidth import run_sweep
 from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.published import about, upper_limit
@@ -23,33 +23,33 @@ pytestmark = allure.feature("collective bandwidth")
 
 
 @pytest.fixture(scope="module")
-def story(bench, bench_file):
+def story(session, bench_file):
     """Sweeps before the failure, after the optical recovery, and on the electrical rack, and
     the instants the recovery gives; the bench is put back afterwards."""
     if bench_file.job is None:
         pytest.skip("the bench file has no job section")
     ranks = list(bench_file.job.ranks)
-    bench.stop_job()
-    bench.restore_baseline()
-    out = {"before": run_sweep(bench, "all_reduce", ranks, "optical")}
-    bench.start_job(ranks)
-    assert bench.hosts[ranks[0]].wait_step(1, bench_file.waits.recovery_s)["reached"], "the job did not start"
-    injector, fault, fault_ns, result = recover_once(bench, ranks)
+    session.stop_job()
+    session.restore_baseline()
+    out = {"before": run_sweep(session, "all_reduce", ranks, "optical")}
+    session.start_job(ranks)
+    assert session.hosts[ranks[0]].wait_step(1, bench_file.waits.recovery_s)["reached"], "the job did not start"
+    injector, fault, fault_ns, result = recover_once(session, ranks)
     try:
         assert result.status == "recovered", f"{fault.describe()}: {result.status}: {result.reason}"
         after = result.plan.ranks_after
-        lead = bench.hosts[after[0]]
+        lead = session.hosts[after[0]]
         out["collective"] = lead.wait_job_event("collective", bench_file.waits.recovery_s)
         out["init"] = lead.wait_job_event("nccl_init", 0)
         out.update(fault=fault, fault_ns=fault_ns, ranks_after=after)
-        bench.stop_job()
-        out["after"] = run_sweep(bench, "all_reduce", after, "optical")
+        session.stop_job()
+        out["after"] = run_sweep(session, "all_reduce", after, "optical")
         if bench_file.electrical is not None:
-            out["electrical"] = run_sweep(bench, "all_reduce", after, "electrical")
+            out["electrical"] = run_sweep(session, "all_reduce", after, "electrical")
     finally:
-        bench.stop_job()
+        session.stop_job()
         injector.repair(fault)
-        bench.restore_baseline()
+        session.restore_baseline()
     return out
 
 
@@ -108,12 +108,11 @@ def test_no_wrong_results(story, measure):
 
 
 @allure.title("fault to the first collective completed again")
-def test_time_until_a_collective_completes_again(story, bench, bench_file, measure):
+def test_time_until_a_collective_completes_again(story, session, bench_file, measure):
     event = story["collective"]["event"]
     assert event is not None, f"no collective completed on {story['ranks_after']}: {story['collective']['last_lines']}"
-    scale = bench_file.emulator.time_scale if bench.world is not None or bench_file.any_emulated_host else 1.0
     measure(upper_limit("nccl_resync", "morphlux.nccl_resync_s", bench_file.published,
-                        bench_file.limits.marginal_fraction, scale),
+                        bench_file.limits.marginal_fraction, bench_file.time_scale),
             (event["t_ns"] - story["fault_ns"]) / 1e9, fault=story["fault"].describe(),
             uncertainty_s=event["uncertainty_ns"] / 1e9)
     init = story["init"]["event"]

@@ -24,6 +24,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from lumion_hil.harness.exploration import DURING, NIC_KINDS, Broken, Explorer, Step, Story, shards
 from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.progress import PROGRESS
+from lumion_hil.instruments.backend import FaultKind
 
 pytestmark = allure.feature("failure sequences")
 
@@ -75,13 +76,12 @@ def _step(data, explorer: Explorer, kinds: list[str], fade: bool) -> Step:
 
 
 @allure.title("failure sequences keep the harness's promises")
-def test_failure_sequences(shard, bench, bench_file, exploration, measure, record_path, request, results_dir):
+def test_failure_sequences(shard, session, bench_file, exploration, measure, record_path, request, results_dir):
     if bench_file.job is None:
         pytest.skip("the bench file has no job section")
     profile = exploration
-    explorer = Explorer(bench, measure=measure, record_path=record_path, test=request.node.nodeid)
-    kinds = [k for k in ("gpu_failure", "process_kill", "fibre_cut", "transceiver_degradation", "switch_port_failure")
-             if explorer.can_make(k)]
+    explorer = Explorer(session, measure=measure, record_path=record_path, test=request.node.nodeid)
+    kinds = [k.value for k in FaultKind if explorer.can_make(k.value)]
     fade = explorer.can_make("transceiver_degradation")
     the_seed = profile.seed + shard
     examples = max(1, profile.sequences // profile.shards)

@@ -16,12 +16,12 @@ pytestmark = allure.feature("light")
 
 
 @allure.title("circuit {baseline_circuit}: time from switch command to light at the detector")
-def test_light_arrival_time(bench, bench_file, optical_switch, baseline_circuit, measure, timeline):
+def test_light_arrival_time(session, bench_file, optical_switch, baseline_circuit, measure, timeline):
     ingress, egress = baseline_circuit
     det = bench_file.meter_detector_for_port(egress)
     if det is None:
         pytest.skip(f"no power meter watches egress port {egress}")
-    meter = bench.meters[det.instrument]
+    meter = session.meters[det.instrument]
     budget = limits.switch_completion(bench_file, 1)
     optical_switch.disconnect([baseline_circuit])
     interval_s = max(0.0005, budget.high / 200)

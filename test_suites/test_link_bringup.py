@@ -18,7 +18,7 @@ pytestmark = allure.feature("link bring-up")
 
 
 @allure.title("circuit {baseline_circuit}: light, then carrier up at the receiving NIC")
-def test_link_comes_up_after_light(bench, bench_file, optical_switch, gpu_hosts, baseline_circuit, measure, timeline):
+def test_link_comes_up_after_light(session, bench_file, optical_switch, gpu_hosts, baseline_circuit, measure, timeline):
     ingress, egress = baseline_circuit
     receiver = bench_file.nic_on_rx_port(egress)
     if receiver is None:
@@ -33,7 +33,7 @@ def test_link_comes_up_after_light(bench, bench_file, optical_switch, gpu_hosts,
     assert not down["timed_out"], f"{host.name}.{interface} kept carrier with its circuit removed"
 
     det = bench_file.meter_detector_for_port(egress)
-    meter = bench.meters.get(det.instrument) if det else None
+    meter = session.meters.get(det.instrument) if det else None
     budget = limits.switch_completion(bench_file, 1).high
     handle = meter.start_trace(det.channel, duration_s=3 * budget, interval_s=max(0.0005, budget / 200)) if meter else None
     commanded_ns = time.perf_counter_ns()

@@ -9,30 +9,30 @@ from __future__ import annotations
 import allure
 import pytest
 
-from lumion_hil.fixtures import allure_glue
+from lumion_hil.reports import allure_glue
 from lumion_hil.harness.controller import PHASES, load_controller
 from lumion_hil.harness import limits
 from lumion_hil.harness.faults import CATALOGUE, Fault, Injector
 from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.published import upper_limit
-from lumion_hil.harness.recovery import LightProbe, ground_truth, migrate_to_reserved_rack
+from lumion_hil.harness.recovery import LightProbe, ground_truth, migrate_to_reserved_rack, recover_from
 from lumion_hil.reports.plots import close, recovery_figure
 
 pytestmark = allure.feature("recovery")
 
 
 @pytest.fixture
-def running_job(bench, bench_file, gpu_hosts):
+def running_job(session, bench_file, gpu_hosts):
     """The bench's job running healthy on its ranks, from the baseline; put back afterwards."""
     if bench_file.job is None:
         pytest.skip("the bench file has no job section")
     ranks = list(bench_file.job.ranks)
-    bench.fresh_job(ranks)
+    session.fresh_job(ranks)
     status = gpu_hosts[ranks[0]].wait_step(1, bench_file.waits.recovery_s)
     assert status["reached"], f"the job did not start healthy on {ranks}: {status.get('last_lines')}"
     yield ranks
-    bench.stop_job()
-    bench.restore_baseline()
+    session.stop_job()
+    session.restore_baseline()
 
 
 def _spare_detectors(bench_file):
@@ -40,21 +40,15 @@ def _spare_detectors(bench_file):
     return [d for h in spares for n in h.nics for d in bench_file.detectors_for_port(n.rx_port)[:1]]
 
 
-def _recover(bench, bench_file, ranks, fault_kind):
-    injector = Injector(bench, seed=bench_file.recovery.fault_seed)
+def _recover(session, bench_file, ranks, fault_kind):
+    injector = Injector(session, seed=bench_file.recovery.fault_seed)
     supported, why = injector.supported(fault_kind)
     if not supported:
         pytest.skip(f"{fault_kind}: {why}")
-    controller = load_controller(bench, ranks)
+    controller = load_controller(session, ranks)
     fault = injector.choose(fault_kind, ranks)
-    controller.arm()
-    with LightProbe(bench, _spare_detectors(bench_file)) as probe:
-        try:
-            fault_ns = injector.inject(fault)
-            result = controller.recover(fault_ns)
-        finally:
-            controller.disarm()
-            injector.repair(fault)
+    with LightProbe(session, _spare_detectors(bench_file)) as probe:
+        fault_ns, result = recover_from(controller, lambda: injector.inject(fault), lambda: injector.repair(fault))
     return fault, fault_ns, result, probe
 
 
@@ -68,21 +62,21 @@ def _attach(bench_file, fault, fault_ns, result, probe):
                                          "phases_s": {p: result.phase_s(p) for p in result.phases}})
 
 
-def observed(bench, result):
+def observed(session, result):
     """Restart and first step as the harness's own watchers saw them (the agents: when each
     rank's process was started, when the lead rank's first step line was read), never the
     controller's word for it."""
     ranks = result.plan.ranks_after
-    starts = [bench.hosts[h].job_status().get("started_ns") for h in ranks]
+    starts = [session.hosts[h].job_status().get("started_ns") for h in ranks]
     restarted_ns = max(t for t in starts if t is not None)
-    first_ns = min(t for step, t in bench.hosts[ranks[0]].job_steps(0) if step == 1)
+    first_ns = min(t for step, t in session.hosts[ranks[0]].job_steps(0) if step == 1)
     return restarted_ns, first_ns
 
 
-def verify_from_outside(bench, bench_file, result, measure):
+def verify_from_outside(session, bench_file, result, measure):
     """What the controller left on the switch, read back from it: no circuit still touches the
     host that was replaced, and protected ports carry only what the baseline gives them."""
-    connections = sorted(bench.switch.connections().items())
+    connections = sorted(session.switch.connections().items())
     failed = result.plan.failed_host
     if failed and failed not in result.plan.ranks_after:
         ports = {p for nic in bench_file.host(failed).nics for p in (nic.tx_port, nic.rx_port)}
@@ -99,22 +93,22 @@ def verify_from_outside(bench, bench_file, result, measure):
 
 @allure.title("recovery from {fault_kind}")
 @pytest.mark.parametrize("fault_kind", list(CATALOGUE))
-def test_recovery_time(bench, bench_file, running_job, fault_kind, measure, timeline):
-    fault, fault_ns, result, probe = _recover(bench, bench_file, running_job, fault_kind)
+def test_recovery_time(session, bench_file, running_job, fault_kind, measure, timeline):
+    fault, fault_ns, result, probe = _recover(session, bench_file, running_job, fault_kind)
     _attach(bench_file, fault, fault_ns, result, probe)
     allure.dynamic.description(f"{fault.describe()}: {result.status}. {result.reason}")
     if result.status != "recovered":
         allure_glue.label_cause("controller error")
     assert result.status == "recovered", f"{fault.describe()}: {result.status}: {result.reason}"
 
-    restarted_ns, first_step_ns = observed(bench, result)
-    verify_from_outside(bench, bench_file, result, measure)
+    restarted_ns, first_step_ns = observed(session, result)
+    verify_from_outside(session, bench_file, result, measure)
     overrides = bench_file.published
     fraction = bench_file.limits.marginal_fraction
     scale = bench_file.time_scale
     restart_s = (restarted_ns - fault_ns) / 1e9
     total_s = (first_step_ns - fault_ns) / 1e9
-    uncertainty_ns = bench.hosts[result.plan.ranks_after[0]].clock.uncertainty_ns
+    uncertainty_ns = session.hosts[result.plan.ranks_after[0]].clock.uncertainty_ns
     measure(upper_limit("recovery_to_restart", "morphlux.rewire_and_restart_s", overrides, fraction, scale), restart_s,
             fault=fault.describe())
     measure(upper_limit("recovery_to_first_step", "morphlux.first_step_s", overrides, fraction, scale), total_s,
@@ -127,8 +121,8 @@ def test_recovery_time(bench, bench_file, running_job, fault_kind, measure, time
         if phase in result.phases:
             measure(Spec(f"phase_{phase}", "s", description=f"recovery phase {phase}"), result.phase_s(phase))
 
-    if bench.world is not None:  # the emulated world knows what truly happened
-        truth = ground_truth(bench.world, fault_ns, result)
+    if session.world is not None:  # the emulated world knows what truly happened
+        truth = ground_truth(session.world, fault_ns, result)
         measure(Spec("recovery_measurement_error", "s", description="measured fault-to-first-step minus the world's")
                 .in_range(-0.002, 0.002, "harness requirement: within 2 ms of ground truth"), total_s - truth.total_s)
         overheads = {phase: result.phase_s(phase) - physical for phase, physical in truth.physical_s.items()}
@@ -141,8 +135,8 @@ def test_recovery_time(bench, bench_file, running_job, fault_kind, measure, time
 
 
 @allure.title("with no spare left, the controller says degraded")
-def test_degraded_when_no_spare_is_left(bench, bench_file, running_job, measure):
-    injector = Injector(bench, seed=bench_file.recovery.fault_seed)
+def test_degraded_when_no_spare_is_left(session, bench_file, running_job, measure):
+    injector = Injector(session, seed=bench_file.recovery.fault_seed)
     if not injector.supported("gpu_failure")[0]:
         pytest.skip("needs GPUs failed on demand (an emulated bench): " + injector.supported("gpu_failure")[1])
     spares = [h.name for h in bench_file.topology.hosts if h.name not in running_job
@@ -152,15 +146,10 @@ def test_degraded_when_no_spare_is_left(bench, bench_file, running_job, measure)
     used_up = [Fault("gpu_failure", h) for h in spares]
     for fault in used_up:
         injector.inject(fault)
-    controller = load_controller(bench, running_job)
+    controller = load_controller(session, running_job)
     fault = injector.choose("gpu_failure", running_job)
-    controller.arm()
-    try:
-        result = controller.recover(injector.inject(fault))
-    finally:
-        controller.disarm()
-        for f in used_up + [fault]:
-            injector.repair(f)
+    _, result = recover_from(controller, lambda: injector.inject(fault),
+                             lambda: [injector.repair(f) for f in used_up + [fault]])
     allure.dynamic.description(f"{fault.describe()} with spares {spares} failed: {result.status}. {result.reason}")
     measure(Spec("degraded_reported_without_spare", "ok", category="controller error", description="1: the controller says degraded").at_least(
         1, "the controller's promise: with no spare left it reports degraded and why").with_marginal(0.0),
@@ -168,19 +157,19 @@ def test_degraded_when_no_spare_is_left(bench, bench_file, running_job, measure)
 
 
 @allure.title("baseline without an optical fabric: migrate to a reserved rack")
-def test_migration_baseline_against_optical_recovery(bench, bench_file, running_job, gpu_hosts, measure):
-    if bench.world is None:
+def test_migration_baseline_against_optical_recovery(session, bench_file, running_job, gpu_hosts, measure):
+    if session.world is None:
         pytest.skip("the migration baseline needs the emulated world (a reserved rack is not on this bench)")
     if bench_file.electrical is None:
         pytest.skip("the migration baseline's reserved rack runs on the electrical network; the bench describes none")
-    fault, fault_ns, optical, _ = _recover(bench, bench_file, running_job, "gpu_failure")
+    fault, fault_ns, optical, _ = _recover(session, bench_file, running_job, "gpu_failure")
     assert optical.status == "recovered", optical.reason
     optical_s = (optical.first_step_ns - fault_ns) / 1e9
 
-    bench.fresh_job(running_job)
+    session.fresh_job(running_job)
     assert gpu_hosts[running_job[0]].wait_step(1, bench_file.waits.recovery_s)["reached"]
-    injector = Injector(bench, seed=bench_file.recovery.fault_seed)
-    controller = load_controller(bench, running_job)
+    injector = Injector(session, seed=bench_file.recovery.fault_seed)
+    controller = load_controller(session, running_job)
     controller.arm()
     fault = injector.choose("gpu_failure", running_job)
     try:
@@ -188,7 +177,7 @@ def test_migration_baseline_against_optical_recovery(bench, bench_file, running_
         assert controller.wait_detection(bench_file.waits.recovery_s) is not None
     finally:
         controller.disarm()
-    migrated = migrate_to_reserved_rack(bench, running_job)
+    migrated = migrate_to_reserved_rack(session, running_job)
     injector.repair(fault)
     migration_s = (migrated["first_step_ns"] - fault_ns) / 1e9
     measure(Spec("migration_to_first_step", "s", description="fault to first step after migrating the job"), migration_s)

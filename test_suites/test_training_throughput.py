@@ -20,27 +20,27 @@ INTERVALS = 3  # step intervals timed per rate
 
 
 @pytest.fixture(scope="module")
-def rates(bench, bench_file):
+def rates(session, bench_file):
     if bench_file.job is None:
         pytest.skip("the bench file has no job section")
     ranks = list(bench_file.job.ranks)
-    bench.fresh_job(ranks)
-    out = {"before": observe_step_rate(bench, ranks, INTERVALS)}
-    injector, fault, fault_ns, result = recover_once(bench, ranks)
+    session.fresh_job(ranks)
+    out = {"before": observe_step_rate(session, ranks, INTERVALS)}
+    injector, fault, fault_ns, result = recover_once(session, ranks)
     try:
         assert result.status == "recovered", f"{fault.describe()}: {result.status}: {result.reason}"
         after = result.plan.ranks_after
-        out["after"] = observe_step_rate(bench, after, INTERVALS)
-        first = min(t for step, t in bench.hosts[after[0]].job_steps(0) if step == 1)
+        out["after"] = observe_step_rate(session, after, INTERVALS)
+        first = min(t for step, t in session.hosts[after[0]].job_steps(0) if step == 1)
         out["downtime_s"] = (first - fault_ns) / 1e9
         if bench_file.electrical is not None:
-            bench.stop_job()
-            bench.start_job(after, "electrical")
-            out["electrical"] = observe_step_rate(bench, after, INTERVALS)
+            session.stop_job()
+            session.start_job(after, "electrical")
+            out["electrical"] = observe_step_rate(session, after, INTERVALS)
     finally:
-        bench.stop_job()
+        session.stop_job()
         injector.repair(fault)
-        bench.restore_baseline()
+        session.restore_baseline()
     out["fault"] = fault
     return out
 

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import pytest
 
-from lumion_hil.fixtures.dialogue import SerialDialogue
+from dialogue import SerialDialogue
 from lumion_hil.harness.config import load_bench
 from lumion_hil.instruments.dicon import DiconMatrix
 from lumion_hil.instruments.emulators.bench import EmulatedBench

@@ -103,7 +103,7 @@ def test_agent_without_nvml_says_so_clearly():
 
 
 def test_fake_nvml_raises_the_real_error_classes(session):
-    world = WorldClient(session.emulated.world_service.address)
+    world = WorldClient(session.backend.world_service.address)
     fake = FakeNvml(world, "host2")
     with pytest.raises(pynvml.NVMLError_Uninitialized):
         fake.nvmlDeviceGetCount()
@@ -131,7 +131,7 @@ def test_ecc_double_bit_error_is_counted(session):
 
 
 def test_agent_that_dies_is_a_clear_error_or_is_started_again_for_a_read(session):
-    agent = AgentClient("host3", session.emulated.agent_argv("host3"))
+    agent = AgentClient("host3", session.backend.agent_argv("host3"))
     agent._proc.kill()
     agent._proc.wait()
     with pytest.raises(InstrumentError, match="host3: 'job_stop': the agent is not running"):

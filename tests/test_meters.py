@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import pytest
 
-from lumion_hil.fixtures.dialogue import DialogueServer
+from dialogue import DialogueServer
 from lumion_hil.harness.binding import open_driver
 from lumion_hil.harness.limits import dark_after_disconnect, received_power
 from lumion_hil.instruments.keysight_n77xx import KeysightN77xx

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import pytest
 
-from lumion_hil.fixtures.dialogue import DialogueServer
+from dialogue import DialogueServer
 from lumion_hil.instruments.polatis import PolatisSwitch
 from lumion_hil.instruments.protocols import InstrumentError, PortState
 from lumion_hil.instruments.visa import VisaSession

@@ -122,7 +122,7 @@ def test_a_bench_names_its_own_controller():
 def test_faults_a_real_bench_cannot_make_say_why(tmp_path, monkeypatch):
     monkeypatch.setenv("LUMION_HIL_LOCK_DIR", str(tmp_path))
     with _session() as session:
-        session.emulated.world, world = None, session.emulated.world  # seen as a real bench
+        session.backend.world, world = None, session.backend.world  # seen as a real bench
         injector = Injector(session)
         injector.world = None
         ok, why = injector.supported("gpu_failure")
@@ -130,7 +130,7 @@ def test_faults_a_real_bench_cannot_make_say_why(tmp_path, monkeypatch):
         with pytest.raises(FaultNotPossible, match="transceiver_degradation at host0.p0 .* variable optical attenuator"):
             injector.inject(Fault("transceiver_degradation", "host0", "p0"))
         assert injector.supported("fibre_cut")[0] and injector.supported("process_kill")[0]
-        session.emulated.world = world
+        session.backend.world = world
     assert set(CATALOGUE) == {"gpu_failure", "process_kill", "fibre_cut", "transceiver_degradation",
                               "switch_port_failure"}
 

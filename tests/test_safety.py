@@ -44,8 +44,8 @@ def test_open_and_close_restore_the_baseline(bench_cfg):
 
 def test_close_runs_every_step_even_if_one_fails(bench_cfg):
     session = BenchSession.open(bench_cfg)
-    server = session.emulated.servers["ocs"]
-    session.emulated.emulators["ocs"].faults["drop"] = None  # the switch stops answering
+    server = session.backend.servers["ocs"]
+    session.backend.emulators["ocs"].faults["drop"] = None  # the switch stops answering
     with pytest.raises(Exception):
         session.close()
     assert not session.drivers, "drivers closed"

@@ -1,29 +1,46 @@
-"""The emulated bench: builds the world from a bench file and serves an emulator for every
-instrument marked ``emulated``, each on its real transport."""
+"""The emulated bench's backends (instruments/backend.py): :class:`EmulatedBench` builds the
+world from a bench file in this process and serves an emulator for every instrument marked
+``emulated``, each on its real transport; :class:`ServedWorld` is a bench whose world another
+process serves (``lumion-hil emulate``), reached as a lab reaches a real bench plus the faults
+no lab can make by hand. Both read the bench's settings as given (the bench file's shape);
+they import nothing from the harness."""
 
 from __future__ import annotations
 
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
+from lumion_hil.instruments.backend import INSTRUMENT_FAULTS, BenchBackend, Fault, FaultKind
 from lumion_hil.instruments.emulators.world import World
 
-if TYPE_CHECKING:
-    from lumion_hil.harness.config import Bench
+
+def _nic(bench, fault: Fault):
+    return next(n for n in bench.host(fault.host).nics if n.name == fault.nic)
 
 
-class EmulatedBench:
-    """Start with :meth:`start`, read ``resources`` (instrument name -> address), :meth:`stop`."""
+class EmulatedBench(BenchBackend):
+    """Start with :meth:`start`, read ``resources`` (instrument name -> address), :meth:`stop`.
+    Its world makes every fault but a killed process (which goes through the host's agent, as
+    on any bench) and holds the ground truth."""
 
-    def __init__(self, bench: "Bench"):
-        self.bench = bench
-        self.world = World(bench)
+    kind = "emulated"
+
+    def __init__(self, bench: Any):
+        super().__init__(bench)
+        self._world = World(bench)
         self.emulators: dict[str, object] = {}
         self.servers: dict[str, object] = {}
-        self.resources: dict[str, str] = {}
         self.world_service = None
+
+    @property
+    def world(self) -> World:
+        return self._world
+
+    @world.setter
+    def world(self, world) -> None:  # a test may hide it, to see the bench as a real one
+        self._world = world
 
     def start(self) -> "EmulatedBench":
         try:
@@ -78,17 +95,50 @@ class EmulatedBench:
         """Where the emulated hosts' nccl-tests programs are."""
         return str(nccl_tests_folder(self.world_service.address))
 
+    def nccl_tests_folder(self, host) -> str | None:
+        return self.nccl_tests_path if host.emulated and self.world_service is not None else None
+
+    def local_address(self, host) -> bool:
+        return host.emulated or super().local_address(host)
+
+    def can_inject(self, kind: str) -> tuple[bool, str]:
+        if self._world is None or kind == FaultKind.PROCESS_KILL:
+            return super().can_inject(kind)
+        return True, "emulated: made in the world"
+
+    def inject(self, fault: Fault) -> int:
+        world = self._world
+        if fault.kind == FaultKind.GPU_FAILURE:
+            return world.fail_gpu(fault.host, 0, fault.xid).t_ns
+        nic = _nic(self.bench, fault)
+        t = world.now_ns()
+        if fault.kind == FaultKind.FIBRE_CUT:
+            world.set_extra_loss(nic.rx_port, float("inf"), t)
+        elif fault.kind == FaultKind.TRANSCEIVER_DEGRADATION:
+            world.set_extra_loss(nic.tx_port, fault.loss_db, t)
+        elif fault.kind == FaultKind.SWITCH_PORT_FAILURE:
+            world.set_port_state(nic.rx_port, "F", t)
+        return t
+
+    def repair(self, fault: Fault) -> None:
+        world = self._world
+        if fault.kind == FaultKind.GPU_FAILURE:
+            world.repair_gpu(fault.host, 0)
+        elif fault.kind in (FaultKind.FIBRE_CUT, FaultKind.TRANSCEIVER_DEGRADATION):
+            nic = _nic(self.bench, fault)
+            world.set_extra_loss(nic.rx_port if fault.kind == FaultKind.FIBRE_CUT else nic.tx_port, 0.0)
+        elif fault.kind == FaultKind.SWITCH_PORT_FAILURE:
+            world.set_port_state(_nic(self.bench, fault).rx_port, "E")
+
     def set_fault(self, instrument: str, fault: str) -> None:
         """Switch a fault on in an emulated instrument: ``stall``, ``delay=30``, ``power_loss=2``
-        (see instruments/emulators/scpi.py FAULTS). ``power_loss`` happens once, now: the call
-        returns with the power off, and it comes back on its own."""
-        from lumion_hil.instruments.emulators.scpi import FAULTS
-
+        (see instruments/backend.py INSTRUMENT_FAULTS). ``power_loss`` happens once, now: the
+        call returns with the power off, and it comes back on its own."""
         name, _, value = fault.partition("=")
         if instrument not in self.emulators:
             raise ValueError(f"no emulated instrument {instrument!r}; emulated: {', '.join(self.emulators) or 'none'}")
-        if name not in FAULTS:
-            raise ValueError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}")
+        if name not in INSTRUMENT_FAULTS:
+            raise ValueError(f"unknown fault {name!r}; known: {', '.join(INSTRUMENT_FAULTS)}")
         number = float(value) if value else None
         if name == "power_loss":
             self.servers[instrument].power_loss(number if number is not None else 1.0)
@@ -98,13 +148,22 @@ class EmulatedBench:
     def clear_faults(self, instrument: str) -> None:
         self.emulators[instrument].faults.clear()
 
-    def agent_argv(self, host_name: str, *extra: str) -> list[str]:
-        """How to start the agent of an emulated host: the real agent program, its NVML, links
-        and job served by this world."""
-        return agent_argv(self.world_service.address, self.bench.host(host_name), *extra)
+    def agent_argv(self, host, *extra: str) -> list[str] | None:
+        """How to start the agent of an emulated host (a host or its name): the real agent
+        program, its NVML, links and job served by this world. None for a host not emulated."""
+        host = self.bench.host(host) if isinstance(host, str) else host
+        if not host.emulated:
+            return agent_argv(host.world_address, host, *extra) if host.world_address else None
+        return agent_argv(self.world_service.address, host, *extra)
 
-    def job_argv(self, ranks: list[str]) -> list[str]:
-        return job_argv(self.world_service.address, self.bench.job, ranks)
+    def job_argv(self, job, ranks: list[str]) -> list[str] | None:
+        if self.world_service is None:
+            return None
+        return job_argv(self.world_service.address, job, ranks)
+
+    def served_bench(self) -> dict:
+        """The bench as data, pointing at what this serves (see :func:`served_bench`)."""
+        return served_bench(self.bench, self)
 
     def stop(self) -> None:
         for server in self.servers.values():
@@ -114,11 +173,57 @@ class EmulatedBench:
             self.world_service.stop()
             self.world_service = None
 
-    def __enter__(self) -> "EmulatedBench":
-        return self.start()
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
+
+class ServedWorld(BenchBackend):
+    """A bench whose emulated world another process serves (hosts at ``world:HOST:PORT``, as
+    ``lumion-hil emulate --bench-out`` writes them): its instruments are reached as real ones,
+    and its world makes the faults no lab can make by hand (a GPU failing, a light fading)."""
+
+    kind = "served"
+
+    def __init__(self, bench: Any):
+        super().__init__(bench)
+        self.address = next((h.world_address for h in bench.topology.hosts if h.world_address), None)
+        self._client = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            from lumion_hil.instruments.emulators.world_client import WorldClient
+
+            self._client = WorldClient(self.address)
+        return self._client
+
+    def agent_argv(self, host) -> list[str] | None:
+        return agent_argv(host.world_address, host) if host.world_address else None
+
+    def job_argv(self, job, ranks: list[str]) -> list[str] | None:
+        world = self.bench.host(ranks[0]).world_address
+        return job_argv(world, job, ranks) if world else None
+
+    def nccl_tests_folder(self, host) -> str | None:
+        return str(nccl_tests_folder(host.world_address)) if host.world_address else None
+
+    def local_address(self, host) -> bool:
+        return bool(host.world_address) or super().local_address(host)
+
+    def can_inject(self, kind: str) -> tuple[bool, str]:
+        if kind in (FaultKind.GPU_FAILURE, FaultKind.TRANSCEIVER_DEGRADATION):
+            return True, "served emulated bench: made in its world"
+        return super().can_inject(kind)
+
+    def inject(self, fault: Fault) -> int:
+        # The served world runs on this machine's monotonic clock, as the harness does.
+        if fault.kind == FaultKind.GPU_FAILURE:
+            return self.client.call("fail_gpu", host=fault.host, index=0, xid=fault.xid)
+        return self.client.call("set_extra_loss", port=_nic(self.bench, fault).tx_port, loss_db=fault.loss_db)
+
+    def repair(self, fault: Fault) -> None:
+        if fault.kind == FaultKind.GPU_FAILURE:
+            self.client.call("repair_gpu", host=fault.host, index=0)
+        elif fault.kind == FaultKind.TRANSCEIVER_DEGRADATION:
+            self.client.call("set_extra_loss", port=_nic(self.bench, fault).tx_port, loss_db=0.0)
 
 
 def agent_argv(world_address: str, host, *extra: str) -> list[str]:
@@ -126,7 +231,7 @@ def agent_argv(world_address: str, host, *extra: str) -> list[str]:
     interfaces = ",".join(f"{n.interface or n.name}={n.name}" for n in host.nics)
     latency = ["--notify-latency-s", str(host.emulation.agent_latency_s)] if host.emulation.agent_latency_s else []
     faults = [f"--fault={fault}" for fault in host.emulation.faults]
-    return [sys.executable, "-m", "lumion_hil.instruments.gpu_host.agent", "--world", world_address,
+    return [sys.executable, "-m", "lumion_hil.instruments.emulators.agent", "--world", world_address,
             "--host", host.name, "--interfaces", interfaces, *latency, *faults, *extra]
 
 
@@ -140,13 +245,13 @@ def nccl_tests_folder(world_address: str) -> Path:
 
 def job_argv(world_address: str, job, ranks: list[str]) -> list[str]:
     """The emulated training job's command template (one rank; {rank} filled by the agent)."""
-    return [sys.executable, "-m", "lumion_hil.instruments.gpu_host.emulated_job", "--world", world_address,
+    return [sys.executable, "-m", "lumion_hil.instruments.emulators.job", "--world", world_address,
             "--ranks", ",".join(ranks), "--rank", "{rank}", "--gradient-bytes", str(job.gradient_bytes),
             "--compute-time-s", str(job.compute_time_s), "--startup-time-s", str(job.startup_time_s),
             "--batch", str(job.batch_per_rank)]
 
 
-def served_bench(bench, emulated: "EmulatedBench") -> dict:
+def served_bench(bench, emulated: EmulatedBench) -> dict:
     """The bench as data, pointing at what ``emulated`` serves: instruments at their served
     addresses, emulated hosts at ``world:HOST:PORT``. Runs against it treat it as a real bench."""
     data = bench.model_dump(mode="json")

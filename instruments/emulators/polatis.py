@@ -21,10 +21,8 @@ from __future__ import annotations
 import random
 import time
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:  # the emulators read the bench's settings; they import nothing from harness
-    from lumion_hil.harness.config import SwitchInstrument
 from lumion_hil.instruments.emulators.scpi import (
     DATA_OUT_OF_RANGE,
     ILLEGAL_PARAMETER,
@@ -45,7 +43,7 @@ _WORLD_ERRORS = {"range": DATA_OUT_OF_RANGE, "conflict": SETTINGS_CONFLICT, "arg
 
 
 class PolatisEmulator(ScpiDevice):
-    def __init__(self, name: str, spec: "SwitchInstrument", world: World, seed: int = 1):
+    def __init__(self, name: str, spec: Any, world: World, seed: int = 1):
         super().__init__(name, command_latency_s=world.scaled_ns(spec.emulation.command_latency_s) / 1e9)
         self.spec = spec
         self.world = world

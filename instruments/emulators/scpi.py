@@ -26,6 +26,8 @@ import tty
 from dataclasses import dataclass, field
 from typing import Callable
 
+from lumion_hil.instruments.backend import INSTRUMENT_FAULTS
+
 _ERROR_QUEUE_SIZE = 30
 
 
@@ -300,18 +302,7 @@ def format_channel_list(ports) -> str:
     return "(@" + ",".join(str(p) for p in ports) + ")"
 
 
-FAULTS = {
-    "drop": "the connection is closed when the next command arrives",
-    "stall": "queries are never answered",
-    "delay": "every reply comes DELAY seconds late (default 30: past any timeout)",
-    "partial": "replies stop half-way, without their line end",
-    "garbage": "replies are noise",
-    "errors": "every command (but the error queue's and the * common ones) also puts an error on the queue",
-    "out_of_range": "readings are the instrument's over-range sentinel",
-    "busy": "set commands are refused: the instrument is busy",
-    "power_loss": "the instrument loses power: connections drop, nothing answers for DOWN seconds "
-                  "(default 1), then it comes back with its power-on state",
-}
+FAULTS = INSTRUMENT_FAULTS  # what an emulated instrument can be made to do wrong
 
 
 class ScpiDevice:

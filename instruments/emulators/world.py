@@ -15,12 +15,9 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import Any, Iterable
 
 from lumion_hil.instruments.collectives import Cost, Fabric, Link, collective_cost
-
-if TYPE_CHECKING:  # the emulators read the bench's settings; they import nothing from harness
-    from lumion_hil.harness.config import Bench
 
 
 class WorldError(Exception):
@@ -50,7 +47,7 @@ class Circuit:
 
 
 @dataclass(frozen=True)
-class GroundTruth:
+class WorldEvent:
     """A physical event and the instant it truly happened."""
 
     t_ns: int
@@ -113,7 +110,7 @@ LINK_STATES = ("dark", "light", "locked", "up")
 class World:
     """Light, loss and switch state of the whole emulated bench, over time."""
 
-    def __init__(self, bench: "Bench", clock_ns=time.perf_counter_ns):
+    def __init__(self, bench: Any, clock_ns=time.perf_counter_ns):
         self.bench = bench
         self.now_ns = clock_ns
         self.time_scale = bench.emulator.time_scale
@@ -143,7 +140,7 @@ class World:
                 self.gpus[(host.name, gpu.index)] = GpuState(
                     host.name, gpu.index, gpu.model, f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, key)}",
                     f"00000000:{0x17 + gpu.index:02X}:00.0", role=gpu.role)
-        self.gpu_events: list[GroundTruth] = []
+        self.gpu_events: list[WorldEvent] = []
         self.circuits: list[Circuit] = []  # every circuit ever made, in order
         # Indexes, so that the light at one port never scans the whole history:
         self._by_egress: dict[int, list[Circuit]] = {}
@@ -154,8 +151,8 @@ class World:
         self._extra_loss: dict[int, _History] = {}
         self._port_state: dict[int, _History] = {}
         self._source_on: dict[int, _History] = {}
-        self.events: list[GroundTruth] = []
-        self.violations: list[GroundTruth] = []  # protected ports switched (also among events)
+        self.events: list[WorldEvent] = []
+        self.violations: list[WorldEvent] = []  # protected ports switched (also among events)
         # Bumped by every change to light (circuits, ports, losses, sources), overall and per
         # receiving port: answers computed from a port's history stay good until its version
         # moves, or until the next instant already planned for it.
@@ -171,10 +168,10 @@ class World:
 
     def record(self, t_ns: int, kind: str, subject: str, **detail) -> None:
         with self.lock:
-            self.events.append(GroundTruth(t_ns, kind, subject, detail))
+            self.events.append(WorldEvent(t_ns, kind, subject, detail))
             self.changed.notify_all()
 
-    def events_of(self, kind: str, subject: str | None = None) -> list[GroundTruth]:
+    def events_of(self, kind: str, subject: str | None = None) -> list[WorldEvent]:
         with self.lock:
             return sorted(
                 (e for e in self.events if e.kind == kind and (subject is None or e.subject == subject)),
@@ -229,7 +226,7 @@ class World:
                 self._by_ingress.setdefault(ingress, []).append(circuit)
                 self._current[ingress] = circuit
                 self._last_change_ns = max(self._last_change_ns, t)
-                self.events.append(GroundTruth(lit, "circuit.lit", f"{ingress}->{egress}",
+                self.events.append(WorldEvent(lit, "circuit.lit", f"{ingress}->{egress}",
                                                {"ingress": ingress, "egress": egress}))
                 self._busy_until_ns = lit
                 self._note_protected(t, ingress, egress)
@@ -263,7 +260,7 @@ class World:
                     self.events = [e for e in self.events
                                    if not (e.kind == "circuit.lit" and e.subject == f"{c.ingress}->{c.egress}"
                                            and e.t_ns == c.lit_ns)]
-                self.events.append(GroundTruth(t, "circuit.dark", f"{c.ingress}->{c.egress}",
+                self.events.append(WorldEvent(t, "circuit.dark", f"{c.ingress}->{c.egress}",
                                                {"ingress": c.ingress, "egress": c.egress, "was_lit": was_lit}))
                 self._note_protected(t, c.ingress, c.egress)
             self.record(t, "switch.command", "disconnect", pairs=[(c.ingress, c.egress) for c in chosen])
@@ -296,7 +293,7 @@ class World:
     def _note_protected(self, t: int, *ports: int) -> None:
         touched = sorted(set(ports) & self.protected_ports)
         if touched:
-            violation = GroundTruth(t, "safety.violation", "protected port switched", {"ports": touched})
+            violation = WorldEvent(t, "safety.violation", "protected port switched", {"ports": touched})
             self.events.append(violation)
             self.violations.append(violation)
 
@@ -455,7 +452,7 @@ class World:
 
     # -- GPUs -----------------------------------------------------------------------------------
 
-    def fail_gpu(self, host: str, index: int = 0, xid: int = 79, t_ns: int | None = None) -> GroundTruth:
+    def fail_gpu(self, host: str, index: int = 0, xid: int = 79, t_ns: int | None = None) -> WorldEvent:
         """A GPU fails (XID 79: fell off the bus; 48: double-bit ECC; 13/31/43: application)."""
         with self.lock:
             gpu = self.gpus[(host, index)]
@@ -466,7 +463,7 @@ class World:
                 gpu.ecc_dbe += 1
                 gpu.retired_pages += 1
             gpu.xid = xid
-            event = GroundTruth(t, "gpu.xid", f"{host}/{index}", {"host": host, "index": index, "xid": xid,
+            event = WorldEvent(t, "gpu.xid", f"{host}/{index}", {"host": host, "index": index, "xid": xid,
                                                                   "uuid": gpu.uuid})
             self.events.append(event)
             self.gpu_events.append(event)

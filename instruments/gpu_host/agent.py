@@ -1,14 +1,15 @@
 """The GPU host agent: runs on each GPU host and answers requests on stdin/stdout, one JSON
 object a line (instruments/gpu_host/wire.py), so the harness reaches it as a local subprocess or
-through ``ssh host python3 -m instruments.gpu_host.agent``: no daemon, no open port.
+through ``ssh host python3 -m lumion_hil.agent``: no daemon, no open port.
 
 Every reply carries the agent's monotonic clock (``clock_ns``), so the harness can place host
 events on its own timeline with a measured offset and uncertainty. Requests run concurrently
 (a wait for an XID does not hold up a health query); replies carry the request's id.
 
-    python3 -m instruments.gpu_host.agent                 # real host: NVML, /sys/class/net
-    python3 -m instruments.gpu_host.agent --world 127.0.0.1:PORT --host host1 --interfaces p0=p0,p1=p1
-                                                          # emulated host, served by the world
+    python3 -m lumion_hil.agent         # real host: NVML, /sys/class/net (also: lumion-hil-agent)
+
+An emulated host runs the same agent with emulated NVML and links
+(``python -m lumion_hil.instruments.emulators.agent --world HOST:PORT --host NAME``).
 """
 
 from __future__ import annotations
@@ -24,23 +25,11 @@ import traceback
 
 from lumion_hil.instruments.gpu_host import wire
 from lumion_hil.instruments.gpu_host.jobs import JobControl
-from lumion_hil.instruments.gpu_host.links import SysfsLinks, WorldLinks
+from lumion_hil.instruments.backend import AGENT_FAULTS
+from lumion_hil.instruments.gpu_host.links import SysfsLinks
 from lumion_hil.instruments.gpu_host.nvml_backend import NvmlGpus
 
 VERSION = 1
-
-
-# What an emulated host's agent can be made to do wrong (instruments/emulators/scpi.py FAULTS has
-# the same names): its link to the harness as an ssh session or a host can fail it.
-AGENT_FAULTS = {
-    "drop": "the session ends when the next request arrives (the agent exits, its job stopped)",
-    "stall": "requests are never answered",
-    "delay": "every reply comes DELAY seconds late (default 30)",
-    "partial": "replies stop half-way, without their line end",
-    "garbage": "replies are noise",
-    "errors": "every request fails with an error reply",
-    "power_loss": "the host loses power: the agent and its job are killed at once",
-}
 
 
 class Agent:
@@ -191,53 +180,28 @@ class Agent:
             self.jobs.stop(timeout_s=5)  # the harness is gone: leave no job running
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m instruments.gpu_host.agent", description=__doc__,
+def parser(prog: str = "python -m lumion_hil.agent") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--world", help="HOST:PORT of the emulated world service (emulated host)")
-    parser.add_argument("--host", help="this host's name in the bench (emulated host)")
-    parser.add_argument("--interfaces", default="", help="emulated: interface=nic,... pairs")
     parser.add_argument("--sysfs", default="/sys/class/net", help="where NIC state is read (real host)")
     parser.add_argument("--log-dir", default="/tmp/lumion-hil-agent", help="job logs")
-    parser.add_argument("--notify-latency-s", type=float, default=0.0,
-                        help="emulated: how late the kernel tells the agent of a link change (a defect)")
-    parser.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]",
-                        help="emulated: start with this fault on (" + ", ".join(AGENT_FAULTS) + ")")
     parser.add_argument("--clock-offset-ns", type=int, default=0,
                         help="add this to every clock reading (tests of the harness's clock mapping)")
-    args = parser.parse_args(argv)
-    offset = args.clock_offset_ns
-    faults: dict[str, float | None] = {}
-    for fault in args.fault:
-        name, _, value = fault.partition("=")
-        if name not in AGENT_FAULTS:
-            parser.error(f"--fault {fault}: unknown fault {name!r}; known: {', '.join(AGENT_FAULTS)}")
-        try:
-            faults[name] = float(value) if value else None
-        except ValueError:
-            parser.error(f"--fault {fault}: {value!r} is not a number of seconds")
-    if faults and not args.world:
-        parser.error("--fault is for emulated hosts (with --world) only")
+    return parser
 
+
+def clock_with_offset(offset: int):
     def clock_ns() -> int:
         return time.monotonic_ns() + offset
 
-    if args.world:
-        if not args.host:
-            parser.error("--world needs --host")
-        from lumion_hil.instruments.emulators.nvml import FakeNvml
-        from lumion_hil.instruments.emulators.world_client import WorldClient
+    return clock_ns
 
-        world = WorldClient(args.world)
-        interfaces = dict(pair.split("=", 1) for pair in args.interfaces.split(",") if pair)
-        agent = Agent(NvmlGpus(FakeNvml(world, args.host), clock_ns),
-                      WorldLinks(world, args.host, interfaces, clock_ns, args.notify_latency_s),
-                      JobControl(args.log_dir, clock_ns, offset, read_latency_s=args.notify_latency_s), clock_ns,
-                      "emulated", faults)
-    else:
-        agent = Agent(NvmlGpus(clock_ns=clock_ns), SysfsLinks(args.sysfs, clock_ns),
-                      JobControl(args.log_dir, clock_ns, offset), clock_ns, "nvml")
-    agent.serve()
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    clock_ns = clock_with_offset(args.clock_offset_ns)
+    Agent(NvmlGpus(clock_ns=clock_ns), SysfsLinks(args.sysfs, clock_ns),
+          JobControl(args.log_dir, clock_ns, args.clock_offset_ns), clock_ns, "nvml").serve()
 
 
 if __name__ == "__main__":

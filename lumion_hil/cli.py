@@ -217,7 +217,7 @@ def report_cmd(results: Path) -> None:
 def _build_report(results: Path, required: bool = True) -> int:
     """Write the summary, then build the HTML report. Without the Allure CLI installed,
     ``lumion-hil run`` only warns (the suites' verdict stands); ``lumion-hil report`` fails."""
-    from lumion_hil.harness.summary import write_summary
+    from lumion_hil.reports.summary import write_summary
 
     summary = write_summary(results)
     if summary is not None:
@@ -271,7 +271,7 @@ def emulate(bench_path: Path, time_scale: float | None, defects: tuple[str, ...]
     (pyvisa: ResourceManager('@py').open_resource(..., read_termination='\\n')). Ctrl-C stops."""
     import yaml
 
-    from lumion_hil.instruments.emulators.bench import EmulatedBench, served_bench
+    from lumion_hil.harness.backends import load_backend
 
     bench = _load_or_exit(bench_path, time_scale, defects)
     if not bench.any_emulated:
@@ -279,7 +279,7 @@ def emulate(bench_path: Path, time_scale: float | None, defects: tuple[str, ...]
     instrument_faults, bench = _faults(bench, faults)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with EmulatedBench(bench) as emulated:
+    with load_backend(bench) as emulated:
         for name, fault in instrument_faults:
             emulated.set_fault(name, fault)
             click.echo(f"lumion-hil: {name}: fault {fault}", err=True)
@@ -293,7 +293,7 @@ def emulate(bench_path: Path, time_scale: float | None, defects: tuple[str, ...]
         if emulated.world_service is not None:
             click.echo(f"hosts\tworld\t{emulated.world_service.address}")
         if bench_out:
-            bench_out.write_text(yaml.safe_dump(served_bench(bench, emulated), sort_keys=False), encoding="utf-8")
+            bench_out.write_text(yaml.safe_dump(emulated.served_bench(), sort_keys=False), encoding="utf-8")
             click.echo(f"lumion-hil: wrote {bench_out}", err=True)
         click.echo("lumion-hil: ready; Ctrl-C to stop", err=True)
         sys.stdout.flush()
@@ -308,8 +308,7 @@ def emulate(bench_path: Path, time_scale: float | None, defects: tuple[str, ...]
 def _faults(bench, faults: tuple[str, ...]):
     """``NAME=FAULT[=SECONDS]`` options: (instrument, fault) pairs to switch on once served, and the
     bench with each named host's agent faults added. A wrong name or fault is a usage error."""
-    from lumion_hil.instruments.emulators.scpi import FAULTS
-    from lumion_hil.instruments.gpu_host.agent import AGENT_FAULTS
+    from lumion_hil.instruments.backend import AGENT_FAULTS, INSTRUMENT_FAULTS as FAULTS
 
     instrument_faults, host_faults = [], {}
     for option in faults:

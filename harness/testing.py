@@ -1,0 +1,119 @@
+"""Controllers with named bugs, for proving that verdicts turn red (the controller defects of
+harness/defects.py: ``slow_controller``, ``spare_in_use``, ...). Each is the reference controller
+with one part replaced through its public extension points (harness/controller.py): a spare
+policy, a rewiring rule, the plan checks, the switch it drives, a phase listener, or what its
+public ``recover`` returns. They are also examples for a lab building its own controller.
+"""
+
+from __future__ import annotations
+
+import time
+
+from lumion_hil.harness.controller import ReferenceController
+from lumion_hil.harness.planning import like_for_like
+from lumion_hil.harness.recovery_model import RecoveryResult, Status
+from lumion_hil.harness.spares import SparePool
+
+
+class SlowController(ReferenceController):
+    """Spends ``delay_ms`` more in one phase (a slow planner, a slow switch driver...)."""
+
+    def __init__(self, session, ranks, delay_ms: float = 600.0, phase: str = "plan"):
+        super().__init__(session, ranks)
+        self.delay_s, self.slow_phase = delay_ms / 1e3, phase
+        self.phase_listeners.append(self._dawdle)
+
+    def _dawdle(self, phase: str, _plan) -> None:
+        if phase == self.slow_phase:
+            time.sleep(self.delay_s)  # the bug: a slow phase
+
+
+def _spare_in_use(pool: SparePool, ranks: list[str]) -> str | None:
+    for host in pool.bench.topology.hosts:
+        if host.name in ranks and any(g.role == "spare" for g in host.gpus):
+            return host.name
+    others = [h for h in ranks if not pool.lost(h)]
+    return others[-1] if others else None  # the bug: a host already in the ring
+
+
+def SpareInUseController(session, ranks):
+    """Takes the first host with a spare GPU, even one the job already runs on."""
+    return ReferenceController(session, ranks, spare_policy=_spare_in_use)
+
+
+def _leave_failed_circuits(bench, failed: str, spare: str, live: dict, intended: dict):
+    used = {p for pair in live.items() for p in pair}
+    f_nics, s_nics = bench.host(failed).nics, bench.host(spare).nics
+    mine = {p for n in f_nics for p in (n.tx_port, n.rx_port)}
+    peers: list[str] = []
+    for ingress, egress in sorted(live.items()):
+        if ingress in mine or egress in mine:
+            end = bench.nic_on_rx_port(egress) if ingress in mine else bench.nic_on_tx_port(ingress)
+            if end is not None and end[0].name not in peers:
+                peers.append(end[0].name)
+    add = []
+    for s_nic, peer in zip(s_nics, peers):
+        free = next((n for n in bench.host(peer).nics if n.tx_port not in used and n.rx_port not in used), None)
+        if free is None:
+            return like_for_like(bench, failed, spare, live, intended)  # no free port: it has to do it right
+        used |= {free.tx_port, free.rx_port}
+        add += [(s_nic.tx_port, free.rx_port), (free.tx_port, s_nic.rx_port)]
+    spare_ports = {p for n in s_nics for p in (n.tx_port, n.rx_port)}
+    return [(i, e) for i, e in sorted(live.items()) if {i, e} & spare_ports], add
+
+
+def LeavesFailedCircuitsController(session, ranks):
+    """Wires the spare to free ports of the failed GPU's neighbours where it can, and leaves the
+    failed GPU's circuits where they are (light into a dead host, ports lost to the fabric)."""
+    return ReferenceController(session, ranks, rewiring=_leave_failed_circuits)
+
+
+class NeverDegradedController(ReferenceController):
+    """With no spare left it reports a failure, not "degraded": the run cannot tell a fabric
+    with no spare from a broken one."""
+
+    def recover(self, fault_ns=None) -> RecoveryResult:
+        result = super().recover(fault_ns)
+        if result.status == Status.DEGRADED:
+            result.status = Status.FAILED
+        return result
+
+
+class EarlyFirstStepController(ReferenceController):
+    """Claims the first step ``delay_ms`` before it happened."""
+
+    def __init__(self, session, ranks, delay_ms: float = 200.0):
+        super().__init__(session, ranks)
+        self.early_ns = int(delay_ms * 1e6)
+
+    def recover(self, fault_ns=None) -> RecoveryResult:
+        result = super().recover(fault_ns)
+        if result.first_step_ns is not None:
+            result.first_step_ns -= self.early_ns
+        return result
+
+
+def _any_healthy_spare(pool: SparePool, ranks: list[str]) -> str | None:
+    for host in pool.bench.topology.hosts:  # the bug: protected ports are not its concern
+        if host.name not in ranks and host.name not in pool.out_of_service \
+                and any(g.role == "spare" for g in host.gpus) and not pool.lost(host.name):
+            return host.name
+    return None
+
+
+class _Unguarded:
+    """The guarded switch, but for connect and disconnect, which go to the raw driver."""
+
+    def __init__(self, raw, guarded):
+        self._raw, self._guarded = raw, guarded
+
+    def __getattr__(self, name):
+        return getattr(self._raw if name in ("connect", "disconnect") else self._guarded, name)
+
+
+def UnguardedController(session, ranks):
+    """Rewires through the raw switch driver, around the guard, and so does not refuse a spare
+    behind a protected port."""
+    raw = session.drivers[session.bench.topology.switch]  # the bug: not the guarded switch
+    return ReferenceController(session, ranks, spare_policy=_any_healthy_spare, plan_checks=[],
+                               switch=_Unguarded(raw, session.switch))

@@ -1,0 +1,149 @@
+"""The bench backend: the one interface the harness talks to a bench through, beside the
+instruments' own I/O. It sits at the bottom of the layers, so the harness never imports what
+implements it:
+
+- the in-process emulated world (``lumion_hil.instruments.emulators.backend:EmulatedBench``);
+- a world served by ``lumion-hil emulate`` (``...emulators.backend:ServedWorld``);
+- a real bench (``lumion_hil.harness.backends:RealBench``);
+- a lab's own (a namespaced rack, a vendor's twin), named in the bench file as ``backend: module:factory``.
+
+A backend starts and stops what the bench needs beyond its drivers, says how a host's agent,
+the job and nccl-tests are started there, makes and repairs faults, and holds the ground truth
+where there is one (``world``: the emulated physical world; ``None`` on a real bench).
+
+Also here, as the layers' shared constants: the fault kinds, and the names of the faults an
+emulated instrument or agent can be made to show.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class FaultKind(str, enum.Enum):
+    """What can go wrong on a bench: the one list of fault kinds."""
+
+    GPU_FAILURE = "gpu_failure"
+    PROCESS_KILL = "process_kill"
+    FIBRE_CUT = "fibre_cut"
+    TRANSCEIVER_DEGRADATION = "transceiver_degradation"
+    SWITCH_PORT_FAILURE = "switch_port_failure"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def at_nic(self) -> bool:
+        """The fault hits one NIC of a host (its light or its port), not the host as a whole."""
+        return self in NIC_FAULTS
+
+
+NIC_FAULTS = frozenset({FaultKind.FIBRE_CUT, FaultKind.TRANSCEIVER_DEGRADATION, FaultKind.SWITCH_PORT_FAILURE})
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault, as the harness made it: which kind, on which host (and NIC), how strong."""
+
+    kind: str
+    host: str
+    nic: str | None = None
+    xid: int = 79
+    loss_db: float = 15.0
+    detail: dict = field(default_factory=dict, hash=False)
+
+    def describe(self) -> str:
+        where = f"{self.host}.{self.nic}" if self.nic else self.host
+        extra = {"gpu_failure": f" (XID {self.xid})", "transceiver_degradation": f" (-{self.loss_db:g} dB)"}
+        return f"{self.kind} at {where}{extra.get(self.kind, '')}"
+
+
+# What an emulated instrument can be made to do wrong (``emulation.faults``, ``emulate --fault``).
+INSTRUMENT_FAULTS = {
+    "drop": "the connection is closed when the next command arrives",
+    "stall": "queries are never answered",
+    "delay": "every reply comes DELAY seconds late (default 30: past any timeout)",
+    "partial": "replies stop half-way, without their line end",
+    "garbage": "replies are noise",
+    "errors": "every command (but the error queue's and the * common ones) also puts an error on the queue",
+    "out_of_range": "readings are the instrument's over-range sentinel",
+    "busy": "set commands are refused: the instrument is busy",
+    "power_loss": "the instrument loses power: connections drop, nothing answers for DOWN seconds "
+                  "(default 1), then it comes back with its power-on state",
+}
+
+# What an emulated host's agent can be made to do wrong: its link to the harness, as an ssh
+# session or a host can fail it.
+AGENT_FAULTS = {
+    "drop": "the session ends when the next request arrives (the agent exits, its job stopped)",
+    "stall": "requests are never answered",
+    "delay": "every reply comes DELAY seconds late (default 30)",
+    "partial": "replies stop half-way, without their line end",
+    "garbage": "replies are noise",
+    "errors": "every request fails with an error reply",
+    "power_loss": "the host loses power: the agent and its job are killed at once",
+}
+
+
+class BenchBackend(abc.ABC):
+    """What a bench offers the harness beyond its drivers. ``bench`` is the validated bench
+    (read for its topology and emulation settings only)."""
+
+    #: "emulated" (an in-process world), "served" (a world served elsewhere), "real"
+    kind: str = "real"
+
+    def __init__(self, bench: Any):
+        self.bench = bench
+        #: instrument name -> the address its driver opens (emulated instruments only)
+        self.resources: dict[str, str] = {}
+
+    @property
+    def world(self) -> Any:
+        """The ground truth (the emulated physical world), or None where there is none."""
+        return None
+
+    def start(self) -> "BenchBackend":
+        return self
+
+    def stop(self) -> None:
+        """Stop whatever :meth:`start` started; safe to call twice."""
+
+    def agent_argv(self, host: Any) -> list[str] | None:
+        """How to start this host's agent here; None: the bench file's address says (local, ssh)."""
+        return None
+
+    def job_argv(self, job: Any, ranks: list[str]) -> list[str] | None:
+        """The job's command template on this backend; None: the bench file's ``job.command``."""
+        return None
+
+    def nccl_tests_folder(self, host: Any) -> str | None:
+        """Where nccl-tests' programs are for ``host``; None: the bench file's ``nccl_tests.path``."""
+        return None
+
+    def local_address(self, host: Any) -> bool:
+        """Whether ``host`` runs on this machine (its job's master address is the loopback)."""
+        return host.address == "local"
+
+    def can_inject(self, kind: str) -> tuple[bool, str]:
+        """Whether this backend makes faults of ``kind``, and how (or why not)."""
+        return False, f"{kind} cannot be made on this bench"
+
+    def inject(self, fault: Fault) -> int:
+        """Make ``fault``; returns its instant on this machine's monotonic clock (ns)."""
+        raise NotImplementedError(self.can_inject(fault.kind)[1])
+
+    def repair(self, fault: Fault) -> None:
+        """Undo ``fault`` where this backend can (a failed GPU on a real bench it cannot)."""
+
+    def set_fault(self, part: str, fault: str) -> None:
+        """Make an emulated instrument or agent misbehave (see INSTRUMENT_FAULTS)."""
+        raise ValueError(f"{part}: faults of emulated parts need an emulated bench")
+
+    def __enter__(self) -> "BenchBackend":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,50 @@
+"""An emulated host's links, as its agent reads them: the world's link state machine seen the
+way a real host's kernel shows it (sysfs, netlink)."""
+
+from __future__ import annotations
+
+import time
+
+from lumion_hil.instruments.gpu_host.links import SysfsLinks
+
+
+class WorldLinks(SysfsLinks):
+    """An emulated host's links, read the way a real host's are: carrier, operstate and counters
+    as /sys/class/net shows them, woken by the link's changes as netlink would, and stamped
+    with the agent's own clock when seen. The world's own instants are never handed over.
+    Interface names are the bench's ``interface`` for each NIC port, or the port's name."""
+
+    def __init__(self, world, host: str, interfaces: dict[str, str], clock_ns=time.monotonic_ns, latency_s: float = 0.0):
+        self.world = world
+        self.host = host
+        self.nic_of = interfaces  # interface -> NIC name in the bench
+        self.clock_ns = clock_ns
+        self.latency_s = latency_s  # the emulated kernel's delay in telling the agent (a defect)
+
+    def interfaces(self) -> list[str]:
+        return sorted(self.nic_of)
+
+    def _nic(self, interface: str) -> str:
+        if interface not in self.nic_of:
+            raise KeyError(f"no interface {interface!r} on {self.host}")
+        return self.nic_of[interface]
+
+    def state(self, interface: str) -> dict:
+        link = self.world.call("link", host=self.host, nic=self._nic(interface))
+        return {"interface": interface, "carrier": link["carrier"], "operstate": link["operstate"],
+                "t_ns": self.clock_ns(), **{k: link[k] for k in ("carrier_changes", "carrier_up_count",
+                                                                   "carrier_down_count") if k in link}}
+
+    def wait(self, interface: str, up: bool, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = self.state(interface)
+            if self.is_up(state) == up:
+                return {**state, "timed_out": False, "method": "netlink"}
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return {**state, "timed_out": True, "method": "netlink"}
+            changed = self.world.call("wait_link_event", host=self.host, nic=self._nic(interface),
+                                      carrier=state["carrier"], timeout_s=remaining)
+            if changed and self.latency_s:
+                time.sleep(self.latency_s)  # the notification comes late
