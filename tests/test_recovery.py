@@ -36,7 +36,11 @@ def _running(session):
     return ranks
 
 
-def test_recovery_at_real_time_agrees_with_ground_truth_within_2_ms():
+def test_recovery_at_real_time_agrees_with_ground_truth_within_10_ms():
+    """The harness's error against the world's truth, fault to first step. The first step is
+    stamped by the host's agent when it reads the job's line: about 0.5 ms late on an idle
+    machine, up to 4.4 ms seen with two busy loops on two cores (20 runs); never early by more
+    than the clock mapping's stated uncertainty."""
     with _session(time_scale=1.0) as session:
         ranks = _running(session)
         controller = load_controller(session, ranks)
@@ -48,9 +52,12 @@ def test_recovery_at_real_time_agrees_with_ground_truth_within_2_ms():
         assert result.plan.ranks_after == ["host0", "host3", "host2"]
         truth = ground_truth(session.world, fault_ns, result)
         measured = (result.first_step_ns - fault_ns) / 1e9
-        assert abs(measured - truth.total_s) <= 0.002, (measured, truth.total_s)
-        # The physics on the critical path: 4 connections of 50 ms each, lock plus link-up.
-        assert truth.physical_s["switch"] == pytest.approx(0.2, abs=0.01)
+        early_allowed = result.first_step_uncertainty_ns / 1e9 + 0.0005
+        assert -early_allowed <= measured - truth.total_s <= 0.010, (measured, truth.total_s)
+        # The physics on the critical path is at least 4 connections of 50 ms each (more on a
+        # loaded machine, where the commands reach the switch later: that is the emulator's
+        # time, not the harness's error, so it has no upper bound here).
+        assert truth.physical_s["switch"] >= 0.2 - 1e-4
         assert 0 <= result.phase_s("switch") - truth.physical_s["switch"] < 0.1
         assert truth.between_phases_s < 0.02, "no controller time hides between phases"
         assert session.world.events_of("safety.violation") == []
