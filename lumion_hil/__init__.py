@@ -14,9 +14,16 @@ Entry points: ``lumion-hil`` (or ``python -m lumion_hil``), and the GPU host age
 ``lumion-hil-agent`` (or ``python -m lumion_hil.agent``, what the harness runs over ssh).
 """
 
-from importlib.metadata import PackageNotFoundError, version
 
-try:
-    __version__ = version("lumion-hil")
-except PackageNotFoundError:  # pragma: no cover - a checkout that was never installed
-    __version__ = "0+unknown"
+
+def __getattr__(name: str):
+    # The version is looked up only when asked for: every emulated rank and agent is a Python
+    # process that imports this package, and reading the installed metadata costs ~25 ms.
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("lumion-hil")
+        except PackageNotFoundError:  # a checkout that was never installed
+            return "0+unknown"
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
