@@ -79,12 +79,60 @@ def profile(name: str, seed: int, examples_dir: Path, sequences: int | None = No
     return Profile(name, sequences or count, max_steps, pieces, seed, examples_dir)
 
 
+# The promises a failure sequence keeps, each named once. The checks after every step are
+# registered with the promises they guard (Explorer.CHECKS, in the order they run); the others
+# are judged as a recovery ends (_judge, _took).
+PROMISES = (
+    "no port is in two circuits",
+    "protected ports are untouched",
+    "no circuit is left on a host outside the job",
+    "the job runs at full size",
+    "the job runs on healthy GPUs",
+    "every circuit has light above sensitivity plus margin",
+    "every circuit has carrier",
+    "the job runs",
+    "degraded only while no spare is left",
+    "the run record holds every measurement taken",
+    "a recovery succeeds or says degraded",
+    "degraded exactly when no spare is left",
+    "each recovery ends within its deadline",
+)
+
+
 class Broken(AssertionError):
     """A promise the bench (or the controller) did not keep."""
 
     def __init__(self, promise: str, detail: str):
+        if promise not in PROMISES:
+            raise ValueError(f"{promise!r} is not one of the promises (harness/exploration.py PROMISES)")
         self.promise, self.detail = promise, detail
         super().__init__(f"{promise}: {detail}")
+
+
+@dataclass(frozen=True)
+class Check:
+    """A check run after every step: which promises it guards, and in which state of the job."""
+
+    name: str
+    promises: tuple[str, ...]
+    when: str  # "always", "running" (the job at full size), "degraded"
+    run: Callable
+
+
+def _check(name: str, *promises: str, when: str = "always"):
+    """Register an Explorer method as a check of these promises (as Hypothesis names rules)."""
+    unknown = [p for p in promises if p not in PROMISES]
+    if unknown:
+        raise ValueError(f"check {name!r}: unknown promise(s) {unknown}")
+
+    def register(method):
+        _CHECKS.append(Check(name, promises, when, method))
+        return method
+
+    return register
+
+
+_CHECKS: list[Check] = []
 
 
 class StoryError(HarnessError):
@@ -498,22 +546,14 @@ class Explorer:
     # -- promises ------------------------------------------------------------------------------
 
     def check(self) -> None:
-        """Every promise, read from the bench through its drivers and agents."""
+        """Every promise, read from the bench through its drivers and agents: the registered
+        checks in order, each in the state of the job it applies to."""
         live = self.session.switch.connections()
-        self._check_safety(live)
-        job_ports = {p for h in self.ranks for n in self.bench.host(h).nics for p in (n.tx_port, n.rx_port)}
-        stray = sorted((i, e) for i, e in live.items() if not {i, e} <= job_ports)
-        if stray and self.state == "running":
-            owners = sorted({self._owner(p) for pair in stray for p in pair if p not in job_ports})
-            raise Broken("no circuit is left on a host outside the job",
-                         f"{stray} on {', '.join(owners)} (the job runs on {', '.join(self.ranks)})")
-        if self.state == "running":
-            self._check_running(live)
-        elif self._can_be_full():
-            raise Broken("degraded only while no spare is left",
-                         f"degraded with usable spare(s) {self.usable_spares()} for {self.ranks}")
-        self._check_record()
+        for check in self.CHECKS:
+            if check.when == "always" or check.when == self.state:
+                check.run(self, live)
 
+    @_check("safety", "no port is in two circuits", "protected ports are untouched")
     def _check_safety(self, live: dict[int, int]) -> None:
         egress = list(live.values())
         doubled = sorted({e for e in egress if egress.count(e) > 1})
@@ -526,12 +566,30 @@ class Explorer:
         if world is not None and world.violations:
             raise Broken("protected ports are untouched", str(world.violations[0]))
 
+    @_check("stray circuits", "no circuit is left on a host outside the job", when="running")
+    def _check_stray(self, live: dict[int, int]) -> None:
+        job_ports = {p for h in self.ranks for n in self.bench.host(h).nics for p in (n.tx_port, n.rx_port)}
+        stray = sorted((i, e) for i, e in live.items() if not {i, e} <= job_ports)
+        if stray:
+            owners = sorted({self._owner(p) for pair in stray for p in pair if p not in job_ports})
+            raise Broken("no circuit is left on a host outside the job",
+                         f"{stray} on {', '.join(owners)} (the job runs on {', '.join(self.ranks)})")
+
+    @_check("degraded", "degraded only while no spare is left", when="degraded")
+    def _check_degraded(self, live: dict[int, int]) -> None:
+        if self._can_be_full():
+            raise Broken("degraded only while no spare is left",
+                         f"degraded with usable spare(s) {self.usable_spares()} for {self.ranks}")
+
     def _owner(self, port: int) -> str:
         for host, nic in self.bench.nic_ports():
             if port in (nic.tx_port, nic.rx_port):
                 return f"{host.name}.{nic.name}"
         return f"port {port}"
 
+    @_check("the job on its rank map", "the job runs at full size", "the job runs on healthy GPUs",
+            "every circuit has light above sensitivity plus margin", "every circuit has carrier", "the job runs",
+            when="running")
     def _check_running(self, live: dict[int, int]) -> None:
         if len(set(self.ranks)) != self.size:
             raise Broken("the job runs at full size", f"ranks {self.ranks} for a job of {self.size}")
@@ -558,7 +616,8 @@ class Explorer:
         if not status.get("running"):
             raise Broken("the job runs", f"not running on {self.ranks}: {status.get('last_lines', [])[-2:]}")
 
-    def _check_record(self) -> None:
+    @_check("the run record", "the run record holds every measurement taken")
+    def _check_record(self, _live: dict[int, int]) -> None:
         if self.record_path is None or self.measure is None:
             return
         with open(self.record_path, encoding="utf-8") as fh:
@@ -577,6 +636,9 @@ class Explorer:
         if self._record_seen < self.measured:
             raise Broken("the run record holds every measurement taken",
                          f"{self.measured} taken, {self._record_seen} in {self.record_path}")
+
+
+Explorer.CHECKS = tuple(_CHECKS)  # the checks after every step, in the order they run
 
 
 def replay(story: Story, session, *, log: Callable[[str], None] = print, measure: Callable | None = None) -> bool:

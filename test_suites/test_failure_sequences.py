@@ -137,7 +137,8 @@ def test_failure_sequences(shard, session, bench_file, exploration, measure, rec
         took = time.monotonic() - started
         measure(Spec("sequences_explored", "sequences", description="failure sequences explored in this shard")
                 .at_least(examples, f"profile {profile.name}: {examples} per shard"), float(len(lengths)),
-                profile=profile.name, seed=the_seed, shard=shard)
+                profile=profile.name, seed=the_seed, shard=shard,
+                promises={c.name: list(c.promises) for c in Explorer.CHECKS})
         if lengths:
             measure(Spec("sequence_length_mean", "steps", description="mean steps per sequence"), statistics.mean(lengths),
                     profile=profile.name)
