@@ -247,6 +247,9 @@ class Job(_Model):
     compute_time_s: NonNegativeFloat = 0.3
     startup_time_s: NonNegativeFloat = 1.0
     batch_per_rank: PositiveInt = Field(8, description="samples each rank takes per step (samples/s = this x ranks / step time)")
+    nccl_timeout_s: PositiveFloat = Field(30.0, description="the emulated job's NCCL timeout: how long a rank waits "
+                                          "for its peers, at init and in each collective, before it fails (scaled "
+                                          "with the emulation; PyTorch's own default is 10 min)")
 
 
 class Topology(_Model):

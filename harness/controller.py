@@ -24,7 +24,8 @@ file as ``module:attribute`` strings in ``recovery.controller_options``
                         spare_policy=my_policy,      # (pool, ranks) -> host | None
                         rewiring=my_rule,            # (bench, failed, spare, live, intended) -> (remove, add)
                         plan_checks=[my_check],      # (bench, plan) -> None, raises to refuse
-                        switch=my_switch)            # what it switches through (default: the guarded switch)
+                        switch=my_switch,            # what it switches through (default: the guarded switch)
+                        restart=my_restart)          # (session, ranks) -> None: the job started on the new map
 
 ``phase_listeners`` (called as each phase begins) and the public ``recover``/``resume`` are the
 rest of its surface. harness/testing.py builds controllers with named bugs from these alone.
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Callable
 
 from lumion_hil.harness.detection import WATCH_WINDOW_S, Watchers
 from lumion_hil.harness.errors import SafetyError
@@ -51,6 +53,11 @@ __all__ = ["PHASES", "Detection", "Phase", "Plan", "RecoveryController", "Recove
            "ReferenceController", "Status", "load_controller"]
 
 
+def start_every_rank(session, ranks: list[str]) -> None:
+    """The reference restart: every rank of the new map, on every host at once."""
+    session.start_job(ranks)
+
+
 def _named(part, what: str):
     """An extension given by name in a bench file (``module:attribute``) is loaded; a callable
     is taken as it is."""
@@ -64,7 +71,8 @@ def _named(part, what: str):
 
 class ReferenceController(RecoveryController):
     def __init__(self, session, ranks: list[str], *, spare_policy: SparePolicy | None = None,
-                 rewiring: Rewiring | None = None, plan_checks: list[PlanCheck] | None = None, switch=None):
+                 rewiring: Rewiring | None = None, plan_checks: list[PlanCheck] | None = None, switch=None,
+                 restart: Callable | None = None):
         super().__init__(session, ranks)
         spare_policy, rewiring = _named(spare_policy, "spare_policy"), _named(rewiring, "rewiring")
         plan_checks = None if plan_checks is None else [_named(c, "plan_checks") for c in plan_checks]
@@ -76,6 +84,7 @@ class ReferenceController(RecoveryController):
         self.watchers = Watchers(session)
         self.phases = PhaseRunner(self.bench, self.timeline, self.phase_listeners)
         self._stopping: tuple | None = None  # the job being stopped while the fabric is rewired
+        self.restart_job = _named(restart, "restart") or start_every_rank
 
     # -- detect ----------------------------------------------------------------------------------
 
@@ -246,7 +255,7 @@ class ReferenceController(RecoveryController):
                 raise done["error"]
         else:
             self.session.stop_job()
-        self.session.start_job(ranks)
+        self.restart_job(self.session, ranks)
 
     def _wait_first_step(self, ranks: list[str], timeout_s: float) -> dict:
         """The lead rank's first step; a rank whose process exits first (its GPU lost as the job

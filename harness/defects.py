@@ -143,6 +143,8 @@ CATALOGUE: dict[str, Defect] = {d.name: d for d in (
            _controller("LeavesFailedCircuitsController"), device=False),
     Defect("never_degraded", "the controller never says degraded (it calls it a failure)", None,
            _controller("NeverDegradedController"), device=False),
+    Defect("lead_only_restart", "the controller restarts only the lead rank of the new rank map", None,
+           _controller("LeadOnlyRestartController"), device=False),
     Defect("early_first_step", "the controller reports the first step N ms before its hosts saw it", "200",
            _controller("EarlyFirstStepController"), device=False),
     Defect("unguarded_protected_port", "the controller switches through the raw driver, so the protected-port "

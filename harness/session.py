@@ -123,9 +123,10 @@ class BenchSession:
         host = self.bench.host(host_name)
         return {"NCCL_SOCKET_IFNAME": ",".join(n.interface or n.name for n in host.nics)}
 
-    def start_job(self, ranks: list[str], fabric: str = "optical") -> dict[str, dict]:
+    def start_job(self, ranks: list[str], fabric: str = "optical", only: list[str] | None = None) -> dict[str, dict]:
         """Start every rank of the job on its host (rank 0 is the master), on the optical
-        circuits or on the electrical rack: all hosts at once, as a launcher would."""
+        circuits or on the electrical rack: all hosts at once, as a launcher would. ``only``:
+        start the ranks on these hosts only (the others of the map are someone else's concern)."""
         job = self.bench.job
         command = self.job_command(ranks)
         master = self.bench.host(ranks[0])
@@ -138,8 +139,8 @@ class BenchSession:
                       "heartbeat": f"{job.heartbeat_dir}/rank{rank}.jsonl"}
             started[host_name] = self.hosts[host_name].start_job(command, fields, self.fabric_env(host_name, fabric))
 
-        _all_at_once(start, list(enumerate(ranks)))
-        return {host: started[host] for host in ranks}
+        _all_at_once(start, [(rank, host) for rank, host in enumerate(ranks) if only is None or host in only])
+        return {host: started[host] for host in ranks if host in started}
 
     def fresh_job(self, ranks: list[str], fabric: str = "optical") -> dict[str, dict]:
         """The job stopped everywhere, the baseline restored, and the job started on ``ranks``."""

@@ -117,3 +117,13 @@ def UnguardedController(session, ranks):
     raw = session.drivers[session.bench.topology.switch]  # the bug: not the guarded switch
     return ReferenceController(session, ranks, spare_policy=_any_healthy_spare, plan_checks=[],
                                switch=_Unguarded(raw, session.switch))
+
+
+def _lead_only(session, ranks: list[str]) -> None:
+    session.start_job(ranks, only=ranks[:1])  # the bug: the other ranks of the map are never started
+
+
+def LeadOnlyRestartController(session, ranks):
+    """Restarts only the lead rank of the new rank map (a launcher that forgets the others):
+    on NCCL the lead hangs at init waiting for its peers and fails at the NCCL timeout."""
+    return ReferenceController(session, ranks, restart=_lead_only)

@@ -62,15 +62,20 @@ def _attach(bench_file, fault, fault_ns, result, probe):
                                          "phases_s": {p: result.phase_s(p) for p in result.phases}})
 
 
-def observed(session, result):
+def observed(session, result, fault_ns: int):
     """Restart and first step as the harness's own watchers saw them (the agents: when each
     rank's process was started, when the lead rank's first step line was read), never the
-    controller's word for it."""
+    controller's word for it. Every rank of the new map must run a process started after the
+    fault, and the first step counts only once the last of them started: a stamp from before
+    the fault is an error, never a pass."""
     ranks = result.plan.ranks_after
-    starts = [session.hosts[h].job_status().get("started_ns") for h in ranks]
-    restarted_ns = max(t for t in starts if t is not None)
-    first_ns = min(t for step, t in session.hosts[ranks[0]].job_steps(0) if step == 1)
-    return restarted_ns, first_ns
+    starts = {h: session.hosts[h].job_status().get("started_ns") for h in ranks}
+    stale = sorted(h for h, t in starts.items() if t is None or t <= fault_ns)
+    assert not stale, f"no rank process started after the fault on {stale} (new rank map {ranks})"
+    restarted_ns = max(starts.values())
+    firsts = [t for step, t in session.hosts[ranks[0]].job_steps(0) if step == 1 and t > restarted_ns]
+    assert firsts, f"{ranks[0]} completed no first step after every rank of {ranks} had started"
+    return restarted_ns, min(firsts)
 
 
 def verify_from_outside(session, bench_file, result, measure):
@@ -101,7 +106,7 @@ def test_recovery_time(session, bench_file, running_job, fault_kind, measure, ti
         allure_glue.label_cause("controller error")
     assert result.status == "recovered", f"{fault.describe()}: {result.status}: {result.reason}"
 
-    restarted_ns, first_step_ns = observed(session, result)
+    restarted_ns, first_step_ns = observed(session, result, fault_ns)
     verify_from_outside(session, bench_file, result, measure)
     overrides = bench_file.published
     fraction = bench_file.limits.marginal_fraction

@@ -248,7 +248,8 @@ def job_argv(world_address: str, job, ranks: list[str]) -> list[str]:
     return [sys.executable, "-m", "lumion_hil.instruments.emulators.job", "--world", world_address,
             "--ranks", ",".join(ranks), "--rank", "{rank}", "--gradient-bytes", str(job.gradient_bytes),
             "--compute-time-s", str(job.compute_time_s), "--startup-time-s", str(job.startup_time_s),
-            "--batch", str(job.batch_per_rank)]
+            "--batch", str(job.batch_per_rank), "--master-port", str(job.master_port),
+            "--nccl-timeout-s", str(job.nccl_timeout_s)]
 
 
 def served_bench(bench, emulated: EmulatedBench) -> dict:

@@ -5,7 +5,13 @@ step costs compute plus an all-reduce of the gradients over the fabric NCCL_SOCK
 (the optical circuits lit now, or the electrical rack), with the world's cost model. It prints
 one line per step; the harness times the steps by when the agent sees them, never by numbers
 the job prints about itself. It dies like a CUDA process when its GPU fails, and stalls (as
-NCCL would) while a peer is gone or a link is down."""
+NCCL would) while a link is down.
+
+Its ranks need each other, as NCCL's do (instruments/emulators/communicator.py): init completes
+only when every rank of the rank map has joined, and every collective (the barrier, each
+step's all-reduce) only when every rank has entered it. A rank missing, dead or left over from
+an earlier rank map stalls the others, which fail after the NCCL timeout with the message
+PyTorch's watchdog prints."""
 
 from __future__ import annotations
 
@@ -18,6 +24,46 @@ import time
 from lumion_hil.instruments.emulators.world_client import WorldClient
 
 
+class _Peers:
+    """This rank's side of the job's communicator, in the world service."""
+
+    def __init__(self, world, key: str, nranks: int, rank: int, timeout_s: float):
+        self.world, self.key, self.nranks, self.rank, self.timeout_s = world, key, nranks, rank, timeout_s
+        self.comm = None
+
+    def init(self) -> bool:
+        """ncclCommInitRank: until every rank has joined, or the timeout."""
+        until = time.monotonic() + self.timeout_s
+        while True:
+            left = until - time.monotonic()
+            state = self.world.call("comm_join", key=self.key, nranks=self.nranks, rank=self.rank, pid=os.getpid(),
+                                    wait_s=max(0.0, left))
+            if state["complete"]:
+                self.comm = state["comm"]
+                return True
+            if time.monotonic() >= until:
+                joined = self.nranks - len(state["missing"])
+                print(f"torch.distributed.DistStoreError: Timed out after {self.timeout_s:.3g} seconds waiting for "
+                      f"clients. {joined}/{self.nranks} clients joined. (missing ranks {state['missing']})", flush=True)
+                return False
+
+    def collective(self, seq: int) -> bool:
+        """A collective: until every rank has entered it, or the timeout (PyTorch's watchdog)."""
+        started = time.monotonic()
+        until = started + self.timeout_s
+        while True:
+            state = self.world.call("comm_enter", comm=self.comm, rank=self.rank, seq=seq,
+                                    wait_s=max(0.0, until - time.monotonic()))
+            if state["done"]:
+                return True
+            if time.monotonic() >= until or state.get("gone"):
+                ran_ms = (time.monotonic() - started) * 1e3
+                print(f"[Rank {self.rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, "
+                      f"OpType=ALLREDUCE, Timeout(ms)={self.timeout_s * 1e3:.0f}) ran for {ran_ms:.0f} milliseconds "
+                      f"before timing out. (waiting for ranks {state['behind']})", flush=True)
+                return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--world", required=True)
@@ -28,14 +74,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup-time-s", type=float, default=1.0)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=10**9)
+    parser.add_argument("--master-port", type=int, default=29500, help="the rendezvous: one communicator per job")
+    parser.add_argument("--nccl-timeout-s", type=float, default=30.0,
+                        help="how long a rank waits for its peers (at init and in a collective) before failing")
+    parser.add_argument("--all-ranks-here", action="store_true",
+                        help="this one process stands for every rank of the map (a rack with no agents of its own): "
+                             "no peers to wait for")
     args = parser.parse_args(argv)
     world = WorldClient(args.world)
     ranks = args.ranks.split(",")
     ifname = os.environ.get("NCCL_SOCKET_IFNAME")
     scale = world.call("time_scale")
     host = ranks[args.rank]
+    timeout_s = args.nccl_timeout_s * scale
+    peers = None if args.all_ranks_here else _Peers(world, f"{args.master_port}/{args.ranks}", len(ranks), args.rank,
+                                                    timeout_s)
     time.sleep(args.startup_time_s * scale)  # emulated process launch and communicator set-up
     world.call("job_event", host=host, rank=args.rank, what="ready")
+    if peers is not None and not peers.init():
+        return 1
     print(f"{host}:{os.getpid()}:{os.getpid()} [0] NCCL INFO comm 0x{id(world):x} rank {args.rank} "
           f"nranks {len(ranks)} cudaDev 0 busId 17000 - Init COMPLETE", flush=True)
     while True:  # a barrier: the first collective on the new communicator
@@ -46,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"CUDA error: unspecified launch failure (GPU of {host} is lost, XID 79)", flush=True)
             return 1
         world.call("wait_change", timeout_s=1.0)
+    if peers is not None and not peers.collective(0):
+        return 1
     time.sleep(barrier["time_s"])
     world.call("job_event", host=host, rank=args.rank, what="collective")
     print(json.dumps({"event": "collective", "op": "barrier", "rank": args.rank}), flush=True)
@@ -57,8 +116,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"CUDA error: unspecified launch failure (GPU of {host} is lost, XID 79)", flush=True)
             return 1
         if cost["step_time_s"] is None:
-            world.call("wait_change", timeout_s=1.0)  # a collective waiting on a missing peer or link
+            world.call("wait_change", timeout_s=1.0)  # a collective waiting on a failed peer or a link
             continue
+        if peers is not None and not peers.collective(step + 1):  # every rank in this step's all-reduce
+            return 1
         time.sleep(cost["step_time_s"])  # the emulated step's compute and communication
         step += 1
         done_ns = time.monotonic_ns()  # the world's clock too (CLOCK_MONOTONIC)

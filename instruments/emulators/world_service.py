@@ -10,6 +10,7 @@ import threading
 import time
 
 from lumion_hil.instruments.collectives import NoPath
+from lumion_hil.instruments.emulators.communicator import Communicators
 from lumion_hil.instruments.emulators.world import World
 from lumion_hil.instruments.emulators.world_client import WorldClient  # noqa: F401  (where it was)
 from lumion_hil.instruments.gpu_host import wire
@@ -48,6 +49,7 @@ class _Server(socketserver.ThreadingTCPServer):
 class WorldService:
     def __init__(self, world: World):
         self.world = world
+        self.comms = Communicators()
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.service = self  # type: ignore[attr-defined]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
@@ -158,6 +160,14 @@ class WorldService:
             return {"failed": False, "step_time_s": None, "stalled": comm["stalled"]}
         return {"failed": False, "step_time_s": world.scaled_ns(compute_time_s) / 1e9 + comm["time_s"],
                 "fabric": comm["fabric"]}
+
+    def rpc_comm_join(self, key: str, nranks: int, rank: int, pid: int, wait_s: float) -> dict:
+        """An emulated rank joins its job's NCCL communicator (instruments/emulators/communicator.py)."""
+        return self.comms.join(key, int(nranks), int(rank), int(pid), float(wait_s))
+
+    def rpc_comm_enter(self, comm: int, rank: int, seq: int, wait_s: float) -> dict:
+        """An emulated rank enters collective ``seq``: done once every rank has entered it."""
+        return self.comms.enter(int(comm), int(rank), int(seq), float(wait_s))
 
     def rpc_wait_change(self, timeout_s: float) -> None:
         self.world.wait_for_change(timeout_s)

@@ -1,0 +1,91 @@
+"""NCCL's communicator, as the emulated job's ranks meet it (held by the world service, which
+every emulated host reaches).
+
+- Init (ncclCommInitRank) returns only once every rank of the rank map has joined the same
+  communicator. Rank 0 makes it (as the root makes the unique id the others fetch from the
+  master's rendezvous); a rank that starts again makes or joins a new one, never the old.
+- A collective completes only once every rank of the communicator has entered it.
+
+So a missing rank (never started, or killed), a dead one, or one left over from an earlier
+communicator (not restarted on the new rank map) stalls the others; they give up after the
+job's NCCL timeout, as NCCL's watchdog does. Every wait here is a short slice: the rank asks
+again until its own timeout, so a killed process never holds the service for long.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass, field
+
+_SLICE_S = 0.25
+_KEPT = 64  # communicators remembered (older ones are long dead)
+
+
+@dataclass
+class _Comm:
+    id: int
+    key: str
+    nranks: int
+    members: dict[int, int] = field(default_factory=dict)  # rank -> pid
+    entered: dict[int, int] = field(default_factory=dict)  # rank -> last collective entered
+
+    def complete(self) -> bool:
+        return len(self.members) == self.nranks
+
+
+class Communicators:
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._ids = itertools.count(1)
+        self._latest: dict[str, _Comm] = {}  # key -> the communicator ranks join now
+        self._by_id: dict[int, _Comm] = {}
+
+    def join(self, key: str, nranks: int, rank: int, pid: int, wait_s: float) -> dict:
+        """Rank ``rank`` (process ``pid``) of job ``key`` joins its communicator and waits (one
+        slice at most) for the others; the rank asks again until it is complete or its NCCL
+        timeout passes. Returns the communicator's id, whether it is complete, and who is missing."""
+        with self._cond:
+            comm = self._latest.get(key)
+            if comm is not None and comm.members.get(rank) == pid:
+                pass  # asking again
+            elif rank == 0:  # the root (re)started: a new communicator, never the old one
+                comm = self._new(key, nranks)
+                comm.members[0] = pid
+            elif comm is None or comm.complete():  # the one open is another run's: wait for the root
+                self._cond.wait(min(wait_s, _SLICE_S))
+                return {"comm": None, "complete": False, "missing": [0]}
+            else:
+                comm.members[rank] = pid
+            self._cond.notify_all()
+            return self._wait_complete(comm, wait_s)
+
+    def _new(self, key: str, nranks: int) -> _Comm:
+        comm = _Comm(next(self._ids), key, nranks)
+        self._latest[key] = comm
+        self._by_id[comm.id] = comm
+        for old in sorted(self._by_id)[:-_KEPT]:
+            del self._by_id[old]
+        return comm
+
+    def _wait_complete(self, comm: _Comm, wait_s: float) -> dict:
+        self._cond.wait_for(comm.complete, timeout=min(wait_s, _SLICE_S))
+        return {"comm": comm.id, "complete": comm.complete(),
+                "missing": sorted(set(range(comm.nranks)) - set(comm.members))}
+
+    def enter(self, comm_id: int, rank: int, seq: int, wait_s: float) -> dict:
+        """Rank ``rank`` enters collective ``seq`` of the communicator and waits (one slice at
+        most) until every rank has entered it. ``behind``: the ranks not there yet."""
+        with self._cond:
+            comm = self._by_id.get(comm_id)
+            if comm is None:
+                return {"done": False, "behind": [], "gone": True}
+            comm.entered[rank] = max(seq, comm.entered.get(rank, -1))
+            self._cond.notify_all()
+
+            def behind() -> list[int]:
+                return [r for r in range(comm.nranks) if comm.entered.get(r, -1) < seq]
+
+            self._cond.wait_for(lambda: not behind(), timeout=min(wait_s, _SLICE_S))
+            late = behind()
+            return {"done": not late, "behind": late}
