@@ -13,22 +13,11 @@ from lumion_hil.harness.faults import Fault, Injector
 from lumion_hil.harness.planning import like_for_like
 from lumion_hil.harness.plugins import BACKENDS, CONTROLLERS, PluginError, load_object
 from lumion_hil.harness.recovery import recover_from
-from lumion_hil.harness.session import BenchSession
 from lumion_hil.instruments.backend import BenchBackend
 from conftest import BENCHES
+from test_recovery import _running, _session
 
 TEXT = (BENCHES / "emulated.yaml").read_text()
-
-
-def _session(text: str = TEXT):
-    return BenchSession.open(parse_bench(text, "test-bench.yaml", time_scale=0.1))
-
-
-def _running(session):
-    ranks = list(session.bench.job.ranks)
-    session.start_job(ranks)
-    assert session.hosts[ranks[0]].wait_step(1, 60)["reached"]
-    return ranks
 
 
 def test_plug_ins_by_entry_point_by_dotted_path_and_by_their_old_names():
