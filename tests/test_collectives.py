@@ -119,7 +119,7 @@ def test_emulated_nccl_tests_print_the_models_numbers():
         world = session.world
         assert sweep.result.collective == "all_reduce" and sweep.result.ranks == 3 and sweep.result.total_wrong == 0
         for row in sweep.result.rows:
-            model = world.scaled_ns(world.collective_cost("all_reduce", ranks, row.size_bytes).time_s) / 1e9
+            model = world.collective_cost("all_reduce", ranks, row.size_bytes).time_s  # physical, not scaled
             for perf in (row.out_of_place, row.in_place):
                 assert perf.time_us == pytest.approx(model * 1e6, rel=0.05, abs=0.02)  # 1 % noise, printed rounding
                 if row.size_bytes >= 1 << 20:
@@ -138,6 +138,20 @@ def test_emulated_nccl_tests_print_the_models_numbers():
         assert [r.size_bytes for r in json_result.rows] == [1020, 2040, 4092]
         assert json_result.rows[2].out_of_place.busbw_gbps == pytest.approx(text_result.rows[2].out_of_place.busbw_gbps,
                                                                             abs=0.006)
+
+
+def test_emulated_nccl_tests_report_the_same_bandwidth_at_every_time_scale():
+    """A bench run ten times faster waits a tenth as long, but prints the fabric's own figures."""
+    largest = {}
+    for scale in (1.0, 0.1):
+        bench = parse_bench(TEXT, "test-bench.yaml", time_scale=scale)
+        with BenchSession.open(bench) as session:
+            sweep = run_sweep(session, "all_reduce", list(bench.job.ranks), "optical", sizes=(1 << 20, 1 << 24))
+            largest[scale] = sweep.largest.out_of_place.busbw_gbps
+    assert largest[0.1] == pytest.approx(largest[1.0], rel=0.05), largest  # 1 % noise per row
+    # two 10 Gb/s NICs a host: a ring all-reduce's bus bandwidth is at most their 2.5 GB/s
+    line_gbytes = sum(n.rate_gbps for n in bench.host(bench.job.ranks[0]).nics) / 8
+    assert largest[1.0] <= line_gbytes and largest[0.1] <= line_gbytes * 1.05
 
 
 def test_emulated_nccl_tests_flags_and_errors_are_the_real_ones():

@@ -2,7 +2,8 @@
 output (text, and JSON with ``-J``), their figures taken from the world's current circuits (or
 its electrical rack) through the collective cost model, with the latency of small messages and
 a little noise. Each size really takes its time (warm-up plus iterations, in and out of place,
-at the bench's time scale), so a sweep lasts as long as it would.
+at the bench's time scale), so a sweep lasts as long as it would; the times and bandwidths it
+prints are the fabric's own (physical), the same at every time scale.
 
 The emulated bench puts one executable per collective on the emulated hosts' PATH (see
 :func:`install`); they run this module. The ranks come from ``LUMION_HIL_RANKS`` (what ``mpirun
@@ -145,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{ranks[0]}:{os.getpid()}:{os.getpid()} [0] NCCL WARN waiting: {cost['stalled']}", file=sys.stderr,
                       flush=True)
                 world.call("wait_change", timeout_s=1.0)  # NCCL waits on a peer that does not answer
-            time.sleep(cost["time_s"] * (args.warmup_iters + args.iters) * args.agg_iters)
-            seconds = cost["time_s"] * max(0.2, 1 + rng.gauss(0.0, NOISE))
+            time.sleep(cost["time_s"] * (args.warmup_iters + args.iters) * args.agg_iters)  # at the time scale
+            seconds = cost["physical_s"] * max(0.2, 1 + rng.gauss(0.0, NOISE))  # reported as the real fabric's
             algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
             busbw = algbw * bus_factor(collective, n)
             wrong = (count if cost.get("corrupt") else 0) if args.check else None

@@ -134,7 +134,8 @@ class WorldService:
 
     def rpc_collective(self, collective: str, ranks: list[str], size_bytes: int, socket_ifname: str | None = None) -> dict:
         """What one collective costs now, on the fabric NCCL_SOCKET_IFNAME picks: the time in
-        the world's (scaled) seconds, or why it cannot complete (a failed peer, no path)."""
+        the world's (scaled) seconds and in physical seconds, or why it cannot complete (a
+        failed peer, no path)."""
         world = self.world
         failed = [h for h in ranks if h in world.hosts and world.host_failed(h)]
         if failed:
@@ -144,8 +145,10 @@ class WorldService:
             cost = world.collective_cost(collective, ranks, int(size_bytes), fabric)
         except NoPath as exc:
             return {"time_s": None, "stalled": f"{fabric}: {exc}"}
-        return {"time_s": world.scaled_ns(cost.time_s) / 1e9, "fabric": fabric, "algorithm": cost.algorithm,
-                "corrupt": any(world.corrupts_data(h) for h in ranks)}
+        # time_s: how long to wait, at the bench's time scale; physical_s: what the collective
+        # truly costs on this fabric (what a program reports, at any time scale).
+        return {"time_s": world.scaled_ns(cost.time_s) / 1e9, "physical_s": cost.time_s, "fabric": fabric,
+                "algorithm": cost.algorithm, "corrupt": any(world.corrupts_data(h) for h in ranks)}
 
     def rpc_job_step(self, ranks: list[str], rank: int, gradient_bytes: float, compute_time_s: float,
                      socket_ifname: str | None = None) -> dict:
