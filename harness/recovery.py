@@ -90,8 +90,18 @@ def ground_truth(world, fault_ns: int, result: RecoveryResult) -> RecoveryTruth:
     first step truly completed, and how much of each phase was physics (beams settling, links
     locking, the job starting and stepping) rather than the controller."""
     lead = result.plan.ranks_after[0] if result.plan else None
-    steps = [e for e in world.events_of("job.step", lead) if e.t_ns > (result.restarted_ns or fault_ns)
-             and e.detail.get("step") == 1]
+
+    def first_steps():
+        return [e for e in world.events_of("job.step", lead) if e.t_ns > (result.restarted_ns or fault_ns)
+                and e.detail.get("step") == 1]
+
+    # The emulated job tells the world of a step just after it prints it (so the world's
+    # bookkeeping never delays what the host sees): a step the harness saw may reach the world
+    # a moment later. Wait for it, woken by each world event, at most a second.
+    steps, until = first_steps(), time.monotonic() + 1.0
+    while not steps and result.first_step_ns is not None and time.monotonic() < until:
+        world.wait_for_change(until - time.monotonic())
+        steps = first_steps()
     truth = RecoveryTruth(fault_ns, steps[0].t_ns if steps else None)
     lit = [e.t_ns for e in world.events_of("circuit.lit") if e.t_ns > fault_ns]
     ups = []

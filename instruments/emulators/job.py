@@ -123,10 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(cost["step_time_s"])  # the emulated step's compute and communication
         step += 1
         done_ns = time.monotonic_ns()  # the world's clock too (CLOCK_MONOTONIC)
-        world.call("job_event", host=host, rank=args.rank, what="step", step=step, t_ns=done_ns)  # ground truth
         # What a training script logs about itself; the harness does not take its rate from here.
+        # Printed first: the world's bookkeeping below is the emulator's, and must not delay what
+        # a host sees (every rank ends a step at once, and their calls to the world queue up).
         print(json.dumps({"step": step, "step_time_s": round(cost["step_time_s"], 6),
                           "samples_per_s": round(args.batch / cost["step_time_s"], 3)}), flush=True)
+        world.call("job_event", host=host, rank=args.rank, what="step", step=step, t_ns=done_ns)  # ground truth
     return 0
 
 
