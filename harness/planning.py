@@ -161,7 +161,6 @@ class Planner:
         except (InstrumentError, AttributeError):
             pass
         sensitivity = self.bench.limits.receiver_sensitivity_dbm.value
-        margin = self.bench.limits.link_margin_db.value
         floor = self.bench.limits.light_floor_dbm
         if self.switch.has_power_monitors and sender is not None:
             read = self.switch.port_power_dbm([feeding, nic.rx_port])
@@ -172,7 +171,10 @@ class Planner:
             # the receiver's shortfall (with its full light, the receiver would be above the floor).
             short = sender[1].launch_dbm - sender[1].tx_fibre_loss_db - arriving
             received = self.bench.at_receiver_dbm(nic.rx_port, read[nic.rx_port])
-            if short > margin or (short >= FADE_SEEN_DB and received + short >= floor):
+            # A fade explains a dim receiver, never a dark one: a transmitter short by more than
+            # the margin beside a receiver cut off (a fibre cut on its side) is two faults, and the
+            # dark one is the receiver's.
+            if short >= FADE_SEEN_DB and received + short >= floor:
                 return sender[0].name, None  # the light is already short at the switch: it faded
             return detection.host, None  # the light arrives at the switch: the far side failed
         for det in self.bench.detectors_for_port(nic.rx_port):
