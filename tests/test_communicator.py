@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 from lumion_hil.instruments.emulators.communicator import Communicators
@@ -27,9 +28,9 @@ def _join_all(comms, key, pids):
 
 def test_init_completes_only_when_every_rank_has_joined():
     comms = Communicators()
-    alone = comms.join("29500/a,b,c", 3, 0, 100, wait_s=0.05)
+    alone = comms.join("29500/a,b,c", 3, 0, os.getpid(), wait_s=0.05)
     assert not alone["complete"] and alone["missing"] == [1, 2]
-    results = _join_all(comms, "29500/a,b,c", [100, 101, 102])
+    results = _join_all(comms, "29500/a,b,c", [os.getpid(), 101, 102])
     assert all(r["complete"] for r in results.values())
     assert len({r["comm"] for r in results.values()}) == 1
 
@@ -38,16 +39,16 @@ def test_a_follower_before_its_root_waits_and_a_restarted_root_makes_a_new_commu
     comms = Communicators()
     early = comms.join("k", 2, 1, 201, wait_s=0.05)
     assert early["comm"] is None and early["missing"] == [0]
-    first = _join_all(comms, "k", [200, 201])
+    first = _join_all(comms, "k", [os.getpid(), 201])
     # rank 0 alone starts again (a launcher that forgot the other rank): a new communicator
     # that the old rank 1 is not in, and never completes without a new rank 1
-    again = comms.join("k", 2, 0, 300, wait_s=0.05)
+    again = comms.join("k", 2, 0, os.getpid() + 10**6, wait_s=0.05)
     assert again["comm"] != first[0]["comm"] and not again["complete"] and again["missing"] == [1]
 
 
 def test_a_collective_completes_only_when_every_rank_has_entered_it():
     comms = Communicators()
-    comm = _join_all(comms, "k", [1, 2, 3])[0]["comm"]
+    comm = _join_all(comms, "k", [os.getpid(), 2, 3])[0]["comm"]
     first = comms.enter(comm, 0, 1, wait_s=0.05)
     assert not first["done"] and first["behind"] == [1, 2]
     comms.enter(comm, 1, 1, wait_s=0.0)

@@ -15,11 +15,25 @@ again until its own timeout, so a killed process never holds the service for lon
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from dataclasses import dataclass, field
 
 _SLICE_S = 0.25
 _KEPT = 64  # communicators remembered (older ones are long dead)
+
+
+def _alive(pid: int | None) -> bool:
+    """Whether a rank's process still runs (every emulated rank runs on this machine)."""
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @dataclass
@@ -52,7 +66,9 @@ class Communicators:
             elif rank == 0:  # the root (re)started: a new communicator, never the old one
                 comm = self._new(key, nranks)
                 comm.members[0] = pid
-            elif comm is None or comm.complete():  # the one open is another run's: wait for the root
+            elif comm is None or comm.complete() or not _alive(comm.members.get(0)):
+                # the one open is another run's, or its root is gone (the rendezvous it served is
+                # closed): wait for the root
                 self._cond.wait(min(wait_s, _SLICE_S))
                 return {"comm": None, "complete": False, "missing": [0]}
             else:
