@@ -145,6 +145,12 @@ CATALOGUE: dict[str, Defect] = {d.name: d for d in (
            _controller("NeverDegradedController"), device=False),
     Defect("lead_only_restart", "the controller restarts only the lead rank of the new rank map", None,
            _controller("LeadOnlyRestartController"), device=False),
+    Defect("no_phases", "the controller recovers and reports none of its phases", None,
+           _controller("NoPhasesController"), device=False),
+    Defect("wrong_failed_host", "the controller recovers and names another rank as the failed host", None,
+           _controller("WrongFailedHostController"), device=False),
+    Defect("wrong_rank_map", "the controller recovers and reports its new rank map in another order", None,
+           _controller("WrongRankMapController"), device=False),
     Defect("early_first_step", "the controller reports the first step N ms before its hosts saw it", "200",
            _controller("EarlyFirstStepController"), device=False),
     Defect("unguarded_protected_port", "the controller switches through the raw driver, so the protected-port "

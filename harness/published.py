@@ -51,20 +51,22 @@ def all_published() -> dict[str, Published]:
     return dict(_registry())
 
 
-def _scaled(p: Published, time_scale: float) -> tuple[float, str]:
+def _scaled(p: Published, time_scale: float, software_s: float = 0.0) -> tuple[float, str]:
     """A published time on an emulated bench run at ``time_scale``: scaled the same way as every
-    emulated latency, and saying so. Other units are left as they are."""
+    emulated latency, plus ``software_s`` of software time that does not scale, and saying so.
+    Other units are left as they are."""
     if p.unit != "s":
         return p.value, ""
-    value, how = timescale.scaled(p.value, time_scale)
+    value, how = timescale.scaled(p.value, time_scale, software_s, "software budget (not scaled)")
     return value, f"; {how}" if how else ""
 
 
 def upper_limit(name: str, key: str, overrides: dict | None = None, marginal_fraction: float = 0.1,
-                time_scale: float = 1.0) -> Spec:
-    """A measurement judged as "no more than the published figure"."""
+                time_scale: float = 1.0, software_s: float = 0.0) -> Spec:
+    """A measurement judged as "no more than the published figure"; ``software_s``: the software
+    budget added, unscaled, when the time is scaled (the figure includes a controller's time)."""
     p = published(key, overrides)
-    high, note = _scaled(p, time_scale)
+    high, note = _scaled(p, time_scale, software_s)
     return Spec(name, p.unit, high=high, source=f"{p.quantity}: {p.value:g} {p.unit}, {p.cite()}{note}",
                 marginal_fraction=marginal_fraction, published_key=key, published_value=high)
 
@@ -76,3 +78,13 @@ def about(name: str, key: str, overrides: dict | None, tolerance: float, margina
                 source=f"{p.quantity}: about {p.value:g} {p.unit} (+-{tolerance:.0%}), {p.cite()}",
                 marginal_fraction=marginal_fraction, published_key=key, published_value=p.value,
                 category="bandwidth regression" if p.unit == "ratio" else "")
+
+
+def about_at_most(name: str, key: str, overrides: dict | None, tolerance: float, marginal_fraction: float = 0.1,
+                  time_scale: float = 1.0, software_s: float = 0.0) -> Spec:
+    """A measurement judged against a published "within about X": no more than X (1 + tolerance)."""
+    p = published(key, overrides)
+    high, note = _scaled(p.model_copy(update={"value": p.value * (1 + tolerance)}), time_scale, software_s)
+    return Spec(name, p.unit, high=high, source=f"{p.quantity}: within about {p.value:g} {p.unit} "
+                f"(+{tolerance:.0%}), {p.cite()}{note}", marginal_fraction=marginal_fraction, published_key=key,
+                published_value=p.value)

@@ -136,6 +136,120 @@ def between_phases_s(result: RecoveryResult) -> float:
     return gap / 1e9
 
 
+class NotRestarted(AssertionError):
+    """The job was not restarted as the harness sees it: a rank missing, or a stale one."""
+
+
+@dataclass
+class Restart:
+    """The job after a recovery as the agents report it, never the controller's word for it."""
+
+    ranks: list[str]  # the rank map: the host that runs each rank, rank 0 first
+    started_ns: dict[str, int]  # when each of those hosts started its rank's process
+    restarted_ns: int  # when the last of them started
+    first_step_ns: int  # rank 0's first step after that
+
+    @property
+    def lead(self) -> str:
+        return self.ranks[0]
+
+
+def rank_map(session, fault_ns: int, world_size: int | None = None) -> tuple[list[str], dict[str, int]]:
+    """The job's rank map as the agents report it: ask every host which rank of the job it runs
+    and when it started it. Every rank of the job (``world_size``, by default the bench's job)
+    must run on one host, in a process started after the fault. Returns (hosts by rank, when
+    each started); a rank no host runs, or one whose process predates the fault, raises
+    :class:`NotRestarted`, never passes."""
+    world_size = world_size or len(session.bench.job.ranks)
+    running: dict[int, list[tuple[str, int | None]]] = {}
+    for name, host in session.hosts.items():
+        status = host.job_status()
+        rank = (status.get("fields") or {}).get("rank")
+        if status.get("running") and isinstance(rank, int):
+            running.setdefault(rank, []).append((name, status.get("started_ns")))
+    missing = [r for r in range(world_size) if r not in running]
+    doubled = {r: [h for h, _ in hs] for r, hs in running.items() if len(hs) > 1}
+    if missing or doubled:
+        seen = {r: [h for h, _ in hs] for r, hs in sorted(running.items())}
+        raise NotRestarted(f"the agents report ranks {seen} of a job of {world_size}: "
+                           + (f"no host runs rank(s) {missing}" if missing else f"rank(s) run twice: {doubled}"))
+    ranks = [running[r][0][0] for r in range(world_size)]
+    started = {running[r][0][0]: running[r][0][1] for r in range(world_size)}
+    stale = sorted(h for h, t in started.items() if t is None or t <= fault_ns)
+    if stale:
+        raise NotRestarted(f"no rank process started after the fault on {stale} (rank map from the agents: {ranks})")
+    return ranks, started
+
+
+def observe_restart(session, fault_ns: int, world_size: int | None = None) -> Restart:
+    """The restart as the harness sees it: the rank map from the agents (:func:`rank_map`), and
+    rank 0's first step once the last rank had started."""
+    ranks, started = rank_map(session, fault_ns, world_size)
+    restarted_ns = max(started.values())
+    firsts = [t for step, t in session.hosts[ranks[0]].job_steps(0) if step == 1 and t > restarted_ns]
+    if not firsts:
+        raise NotRestarted(f"{ranks[0]} (rank 0) completed no first step after every rank of {ranks} had started")
+    return Restart(ranks, started, restarted_ns, min(firsts))
+
+
+@dataclass
+class Overhead:
+    """A recovery's software time: its wall time on the harness's clock minus the physics the
+    bench accounts for on that span (switching, light and lock, the job's start-up and first
+    step), each counted once however the controller overlaps them."""
+
+    total_s: float  # fault to first step
+    physics_s: float
+    physics: dict[str, float]  # by kind, each on its own
+    basis: str  # where the physics came from
+
+    @property
+    def overhead_s(self) -> float:
+        return self.total_s - self.physics_s
+
+
+def _covered_ns(spans: list[tuple[int, int]], lo: int, hi: int) -> int:
+    """How much of [lo, hi] the spans cover, overlaps counted once."""
+    clipped = sorted((max(a, lo), min(b, hi)) for a, b in spans if b > lo and a < hi)
+    covered, reach = 0, lo
+    for a, b in clipped:
+        if b > reach:
+            covered += b - max(a, reach)
+            reach = b
+    return covered
+
+
+def controller_overhead(session, fault_ns: int, restart: Restart) -> Overhead:
+    """Measure the controller's overhead from outside it: nothing here reads what the controller
+    reports. On an emulated bench the world accounts for the physics (when each circuit was
+    commanded and lit, when each link came up); on a real bench the harness's own record of
+    the switch's commands stands for switching, light and lock are not separable from the
+    controller there, and count as overhead (an upper bound)."""
+    end = restart.first_step_ns
+    spans: dict[str, list[tuple[int, int]]] = {"job start-up": [(restart.restarted_ns, end)]}
+    world = session.world
+    if world is not None:
+        basis = "the emulated world's record of its physics"
+        circuits = [c for c in list(world.circuits) if c.commanded_ns >= fault_ns and c.commanded_ns < end]
+        spans["switching"] = [(c.commanded_ns, c.lit_ns) for c in circuits]
+        lock = []
+        for c in circuits:
+            owner = world.bench.nic_on_rx_port(c.egress)
+            if owner is not None:
+                state, since = world.link_state(owner[0].name, owner[1].name, end)
+                if state == "up" and since > c.lit_ns:
+                    lock.append((c.lit_ns, since))
+        spans["light to link up"] = lock
+    else:
+        basis = "the switch commands and job start-up the harness saw (light and lock counted as overhead)"
+        switch = session.bench.topology.switch
+        spans["switching"] = [(s.start_ns, s.end_ns) for s in list(session.timeline.spans) if s.end_ns is not None
+                              and s.name in (f"{switch}.connect", f"{switch}.disconnect", f"{switch}.wait_complete")]
+    every = [span for group in spans.values() for span in group]
+    return Overhead((end - fault_ns) / 1e9, _covered_ns(every, fault_ns, end) / 1e9,
+                    {k: _covered_ns(v, fault_ns, end) / 1e9 for k, v in spans.items()}, basis)
+
+
 def migrate_to_reserved_rack(session, ranks: list[str]) -> dict:
     """Recovery without an optical fabric, on the emulated world: stop the job, claim an idle
     reserved rack, copy the checkpoint to it, and restart there on its electrical network.

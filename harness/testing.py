@@ -8,6 +8,7 @@ public ``recover`` returns. They are also examples for a lab building its own co
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from lumion_hil.harness.controller import ReferenceController
 from lumion_hil.harness.planning import like_for_like
@@ -127,3 +128,37 @@ def LeadOnlyRestartController(session, ranks):
     """Restarts only the lead rank of the new rank map (a launcher that forgets the others):
     on NCCL the lead hangs at init waiting for its peers and fails at the NCCL timeout."""
     return ReferenceController(session, ranks, restart=_lead_only)
+
+
+class NoPhasesController(ReferenceController):
+    """Recovers as the reference does and reports none of its phases: a harness that summed
+    the controller's phases would score its overhead 0."""
+
+    def recover(self, fault_ns=None) -> RecoveryResult:
+        result = super().recover(fault_ns)
+        result.phases = {}
+        return result
+
+
+class WrongFailedHostController(ReferenceController):
+    """Recovers as the reference does and names another rank as the failed host: a harness that
+    took its word would look for the failed host's circuits in the wrong place."""
+
+    def recover(self, fault_ns=None) -> RecoveryResult:
+        result = super().recover(fault_ns)
+        if result.plan is not None and result.plan.failed_host:
+            others = [h for h in result.plan.ranks_after if h != result.plan.failed_host]
+            result.plan = replace(result.plan, failed_host=others[-1] if others else None)
+        return result
+
+
+class WrongRankMapController(ReferenceController):
+    """Recovers as the reference does and reports the new rank map in another order than the
+    one it started: a harness that took its word would time the wrong rank's first step."""
+
+    def recover(self, fault_ns=None) -> RecoveryResult:
+        result = super().recover(fault_ns)
+        if result.plan is not None and len(result.plan.ranks_after) > 1:
+            ranks = list(result.plan.ranks_after)
+            result.plan = replace(result.plan, ranks_after=ranks[1:] + ranks[:1])
+        return result

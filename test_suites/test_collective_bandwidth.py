@@ -16,7 +16,7 @@ from lumion_hil.reports import allure_glue
 from lumion_hil.harness.bandwidth import run_sweep
 from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.published import about, upper_limit
-from lumion_hil.harness.recovery import recover_once
+from lumion_hil.harness.recovery import rank_map, recover_once
 from lumion_hil.reports.plots import busbw_figure, close
 
 pytestmark = allure.feature("collective bandwidth")
@@ -37,7 +37,7 @@ def story(session, bench_file):
     injector, fault, fault_ns, result = recover_once(session, ranks)
     try:
         assert result.status == "recovered", f"{fault.describe()}: {result.status}: {result.reason}"
-        after = result.plan.ranks_after
+        after, _ = rank_map(session, fault_ns)  # from the agents, not the controller's plan
         lead = session.hosts[after[0]]
         out["collective"] = lead.wait_job_event("collective", bench_file.waits.recovery_s)
         out["init"] = lead.wait_job_event("nccl_init", 0)
@@ -112,7 +112,8 @@ def test_time_until_a_collective_completes_again(story, session, bench_file, mea
     event = story["collective"]["event"]
     assert event is not None, f"no collective completed on {story['ranks_after']}: {story['collective']['last_lines']}"
     measure(upper_limit("nccl_resync", "morphlux.nccl_resync_s", bench_file.published,
-                        bench_file.limits.marginal_fraction, bench_file.time_scale),
+                        bench_file.limits.marginal_fraction, bench_file.time_scale,
+                        bench_file.limits.controller_overhead_s.value),
             (event["t_ns"] - story["fault_ns"]) / 1e9, fault=story["fault"].describe(),
             uncertainty_s=event["uncertainty_ns"] / 1e9)
     init = story["init"]["event"]

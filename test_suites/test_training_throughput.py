@@ -12,7 +12,7 @@ import pytest
 from lumion_hil.harness.bandwidth import observe_step_rate
 from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.published import about
-from lumion_hil.harness.recovery import recover_once
+from lumion_hil.harness.recovery import observe_restart, recover_once
 
 pytestmark = allure.feature("training throughput")
 
@@ -29,10 +29,10 @@ def rates(session, bench_file):
     injector, fault, fault_ns, result = recover_once(session, ranks)
     try:
         assert result.status == "recovered", f"{fault.describe()}: {result.status}: {result.reason}"
-        after = result.plan.ranks_after
+        restart = observe_restart(session, fault_ns)  # the rank map from the agents, not the plan
+        after = restart.ranks
         out["after"] = observe_step_rate(session, after, INTERVALS)
-        first = min(t for step, t in session.hosts[after[0]].job_steps(0) if step == 1)
-        out["downtime_s"] = (first - fault_ns) / 1e9
+        out["downtime_s"] = (restart.first_step_ns - fault_ns) / 1e9
         if bench_file.electrical is not None:
             session.stop_job()
             session.start_job(after, "electrical")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,7 +46,9 @@ def exploration_bench(tmp_path) -> Path:
 
 
 # defect, suites (files, -k), time scale, bench, verdicts that must turn red. A verdict is a
-# measurement's name, or "test:NAME" for a test whose own assertion is the verdict.
+# measurement's name, or "test:NAME" for a test whose own assertion is the verdict. Every run
+# judges something beside the red verdicts (a suite or test that should stay green is added
+# where the defect stops everything else), so that "nothing else turned red" shows something.
 PROOFS = [
     ("slow_switch=10", ["test_circuit_setup.py", "test_light.py"], None, 0.2, None,
      {"switch_completion_time", "light_arrival_time"}),
@@ -59,25 +60,39 @@ PROOFS = [
     ("flapping_nic=3", ["test_link_bringup.py"], None, 0.2, None, {"carrier_drops_after_up"}),
     ("slow_agent=0.02", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2, None,
      {"recovery_measurement_error"}),
-    ("slow_controller=2500", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.1, None,
-     {"recovery_to_restart", "recovery_to_first_step", "controller_overhead_total"}),
-    ("slow_controller=1500", ["test_recovery_time.py"], "migration", 0.1, None, {"migration_over_optical_recovery"}),
+    ("slow_controller=3000", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.1, None,
+     {"recovery_to_restart", "recovery_to_restart_lumion", "recovery_to_first_step", "controller_overhead_total"}),
+    # 300 ms slower than the reference, against the 250 ms software budget, at every time scale.
+    ("slow_controller=300", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 1.0, None,
+     {"controller_overhead_total"}),
+    ("slow_controller=300", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2, None,
+     {"controller_overhead_total"}),
+    ("slow_controller=300", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.02, None,
+     {"controller_overhead_total", "recovery_to_restart", "recovery_to_restart_lumion"}),
+    ("no_phases", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2, None,
+     {"controller_report_phases"}),
+    ("wrong_failed_host", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2, None,
+     {"controller_report_failed_host"}),
+    ("wrong_rank_map", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2, None,
+     {"controller_report_rank_map"}),
+    ("slow_controller=1500", ["test_recovery_time.py"], "migration or degraded", 0.1, None,
+     {"migration_over_optical_recovery"}),
     ("slow_controller=600", ["test_collective_bandwidth.py"], None, 0.1, None, {"nccl_resync"}),
     ("early_first_step=200", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2, None,
      {"controller_report_error"}),
-    ("spare_in_use", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2, None,
+    ("spare_in_use", ["test_recovery_time.py"], "test_recovery_time and (gpu_failure or process_kill)", 0.2, None,
      {"test:test_recovery_time[gpu_failure]"}),
     ("spare_in_use", ["test_failure_sequences.py"], None, 0.2, None, {"sequences_explored"}),
-    ("slow_controller=4000", ["test_failure_sequences.py"], None, 0.02, exploration_bench,
+    ("slow_controller=4000", ["test_failure_sequences.py", "test_circuit_setup.py"], None, 0.02, exploration_bench,
      {"sequence_recovery_time", "sequences_explored"}),
     ("leaves_failed_circuits", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2, three_port_bench,
      {"failed_host_circuits_removed"}),
     ("unguarded_protected_port", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2,
      protected_spare_bench, {"protected_ports_untouched"}),
     ("never_degraded", ["test_recovery_time.py"], "degraded", 0.2, None, {"degraded_reported_without_spare"}),
-    ("lead_only_restart", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.1, None,
+    ("lead_only_restart", ["test_recovery_time.py"], "gpu_failure or degraded", 0.1, None,
      {"test:test_recovery_time[gpu_failure]"}),
-    ("lead_only_restart", ["test_collective_bandwidth.py"], None, 0.1, None,
+    ("lead_only_restart", ["test_collective_bandwidth.py", "test_circuit_setup.py"], None, 0.1, None,
      {"test:test_busbw_by_size", "test:test_busbw_after_recovery_matches_before",
       "test:test_busbw_ratio_optical_over_electrical", "test:test_no_wrong_results",
       "test:test_time_until_a_collective_completes_again"}),
@@ -90,6 +105,15 @@ PROOFS = [
     ("silent_data_corruption=host1", ["test_collective_bandwidth.py"], "wrong", 0.1, None,
      {"nccl_wrong_elements_before", "nccl_wrong_elements_after", "nccl_wrong_elements_electrical"}),
 ]
+
+
+# Verdicts a defect must leave measured and green: what the harness measures from outside does
+# not depend on the controller's account of it.
+STILL_GREEN = {
+    "no_phases": {"controller_overhead_total", "recovery_to_restart", "failed_host_circuits_removed"},
+    "wrong_failed_host": {"failed_host_circuits_removed", "controller_overhead_total"},
+    "wrong_rank_map": {"recovery_to_first_step", "recovery_measurement_error", "controller_overhead_total"},
+}
 
 
 def run_with_defect(tmp_path, defect, suites, k, scale, bench_factory):
@@ -119,32 +143,33 @@ def test_the_defect_turns_its_verdict_red_and_nothing_else(tmp_path, defect, sui
     assert failed <= red, f"{defect}: turned red beyond {sorted(red)}: {sorted(failed - red)}\n{output}"
     assert proc.returncode == 1, output
     judged = [m for m in measurements if m["low"] is not None or m["high"] is not None]
-    assert any(m["verdict"] != "fail" for m in judged) or len(red) == len(failed), "nothing else was judged"
+    assert any(m["verdict"] != "fail" and m["name"] not in red for m in judged), \
+        f"{defect}: no verdict beside the red ones was judged, so 'nothing else' shows nothing\n{output}"
+    green = {m["name"] for m in judged if m["verdict"] != "fail"}
+    still = STILL_GREEN.get(defect, set())
+    assert still <= green, f"{defect}: should still be measured and green: {sorted(still - green)}\n{output}"
 
 
-def _verdicts_in_suites() -> set[str]:
-    """Every judged measurement the suites take, by name (an f-string's name ends in "*")."""
-    names = set()
-    specs = (ROOT / "harness" / "limits.py").read_text()
-    for source in SUITES.glob("test_*.py"):
-        text = source.read_text()
-        for m in re.finditer(r'Spec\(\s*f?"([\w{}]+)"', text):
-            rest = text[m.end():]
-            stop = min((i for i in (rest.find("Spec("), rest.find("measure(")) if i >= 0), default=len(rest))
-            if re.search(r"\.(at_most|at_least|in_range)\(", rest[:stop]):
-                names.add(re.sub(r"\{\w+\}", "*", m.group(1)))
-        names |= set(re.findall(r'(?:upper_limit|about)\(\s*"(\w+)"', text))
-        for function in re.findall(r"limits\.(\w+)\(", text):
-            if f"def {function}(" in specs:
-                body = specs[specs.index(f"def {function}("):]
-                names |= set(re.findall(r'Spec\("(\w+)"', body[:body.find("\ndef ", 1)]))
-    return names
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory) -> list[dict]:
+    """The run record of every suite on the default bench (at a tenth of real time)."""
+    tmp = tmp_path_factory.mktemp("full-run")
+    record = tmp / "record.jsonl"
+    cmd = [sys.executable, "-m", "pytest", str(SUITES), "-p", "no:cacheprovider", "--rootdir", str(SUITES), "--bench",
+           str(BENCHES / "emulated.yaml"), "--time-scale", "0.1", "--run-record", str(record), "-q", "-p", "no:randomly"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp,
+                          env={**os.environ, "LUMION_HIL_LOCK_DIR": str(tmp)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    return [json.loads(line) for line in record.read_text().splitlines()]
 
 
-def test_every_verdict_has_a_defect_that_turns_it_red():
+def test_every_verdict_has_a_defect_that_turns_it_red(full_run):
+    """The verdicts are those a full run judged (a measurement with a limit), wherever they are
+    declared: not a list kept by hand, nor a search of the suites' sources."""
+    judged = {m["name"] for m in full_run if m["type"] == "measurement" and (m["low"] is not None or m["high"] is not None)}
+    assert len(judged) > 20, f"the full run judged only {sorted(judged)}"
     proven = {name for *_, red in PROOFS for name in red}
-    measured = _verdicts_in_suites()
-    missing = {n for n in measured if not any(p == n or (n.endswith("*") and p.startswith(n[:-1])) for p in proven)}
+    missing = judged - proven
     assert not missing, f"verdicts no defect turns red: {sorted(missing)}"
     assert set(d.split("=")[0] for d, *_ in PROOFS) <= set(CATALOGUE)
 

@@ -67,6 +67,7 @@ class JobControl:
         self._progress: dict = {}
         self._started_ns: int | None = None
         self._argv: list[str] = []
+        self._fields: dict = {}
         self._exit_ns: int | None = None
         self._tail: list[str] = []
         self._steps: list[tuple[int, int]] = []  # (step, agent clock when its line was read)
@@ -86,7 +87,7 @@ class JobControl:
                                               start_new_session=True)
             except OSError as exc:
                 raise JobError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
-            self._started_ns, self._argv = self.clock_ns(), argv
+            self._started_ns, self._argv, self._fields = self.clock_ns(), argv, dict(fields)
         threading.Thread(target=self._follow, args=(self._proc, log_path), daemon=True, name="job-output").start()
         return {"pid": self._proc.pid, "argv": argv, "started_ns": self._started_ns, "log": str(log_path)}
 
@@ -146,6 +147,7 @@ class JobControl:
             return {"running": running, "pid": proc.pid if proc else None,
                     "returncode": None if proc is None or running else proc.returncode,
                     "started_ns": self._started_ns, "exit_ns": self._exit_ns, "argv": self._argv,
+                    "fields": dict(self._fields),
                     "progress": dict(self._progress), "last_lines": list(self._tail[-5:])}
 
     def steps(self, after_step: int = 0) -> list[tuple[int, int]]:
