@@ -201,6 +201,9 @@ class NicPort(_Model):
 class HostEmulation(_Model):
     """How an emulated host's links and GPUs behave. Used only when its address is ``emulated``."""
 
+    receiver_sensitivity_dbm: float = Field(-14.4, description="the light its receivers need to lock (assumption: "
+                                            "receivers exactly at IEEE 802.3 clause 52's 10GBASE-LR -14.4 dBm); a "
+                                            "device setting, which may be worse than the lab's limit")
     lock_time_s: NonNegativeFloat = Field(0.005, description="light at the receiver to CDR lock")
     link_up_time_s: NonNegativeFloat = Field(0.1, description="lock to carrier up as the OS reports it")
     agent_latency_s: NonNegativeFloat = Field(0.0, description="how late the host tells its agent of a link change "
@@ -280,6 +283,8 @@ class Limits(_Model):
                                              "within 0.5 s of light at its receiver")
     controller_overhead_s: Sourced = Sourced(value=0.25, source="harness requirement: the controller adds at most "
                                              "0.25 s to a recovery beyond the physics it waits on")
+    prediction_tolerance: Sourced = Sourced(value=0.1, source="assumption: a figure the bench file predicts (its "
+                                            "cost model) is observed within +-10%")
     about_tolerance: Sourced = Sourced(value=0.25, source="assumption: a published 'about' figure (rounded, some "
                                        "from secondary summaries) is met within +-25%")
 

@@ -127,6 +127,8 @@ CATALOGUE: dict[str, Defect] = {d.name: d for d in (
            _wrong_switch_size),
     Defect("slow_nic_lock", "the NICs take S seconds to lock after light arrives (S@HOST: one host)", "0.5",
            _host_setting("lock_time_s", "slow_nic_lock's seconds")),
+    Defect("insensitive_receiver", "the NICs' receivers need N dBm to lock, more than reaches them (N@HOST: one "
+           "host's)", "-3", _host_setting("receiver_sensitivity_dbm", "insensitive_receiver's dBm")),
     Defect("flapping_nic", "links come up and drop N times before they stay up (N@HOST: one host)", "3",
            _host_setting("link_flaps", "flapping_nic's flaps", int)),
     Defect("slow_link", "optical links carry a fraction F of their rate (F@HOST: one host's)", "0.5",

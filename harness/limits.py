@@ -61,6 +61,15 @@ def controller_overhead(bench: Bench) -> Spec:
     """The controller's own time in a recovery, in absolute seconds at every time scale: software
     runs at real time, so its budget is never scaled (harness/recovery.py measures it)."""
     limit = bench.limits.controller_overhead_s
-    return Spec("controller_overhead_total", "s", description="fault to first step on the harness's clock, minus the "
+    return Spec("controller_overhead_total", "s", software=True, description="fault to first step on the harness's clock, minus the "
                 "physics the bench accounts for").at_most(limit.value, f"{limit.source} (software budget: not "
                 "scaled)").with_marginal(bench.limits.marginal_fraction)
+
+
+def against_prediction(name: str, bench: Bench) -> Spec:
+    """A ratio the run observed over what the bench file alone predicts (harness/predictions.py):
+    a gap is the regression to catch (a link slower than its rate, a spare wired in some other
+    way than the prediction assumes)."""
+    tolerance = bench.limits.prediction_tolerance
+    return Spec(name, "ratio", description="observed / predicted from the bench file alone").in_range(
+        1 - tolerance.value, 1 + tolerance.value, tolerance.source).with_marginal(bench.limits.marginal_fraction)

@@ -11,6 +11,20 @@ from typing import Any
 from lumion_hil.instruments.protocols import OutOfRange
 
 
+class Basis(str, enum.Enum):
+    """Where a figure comes from. ``measured``: a device or a program observed it (on an emulated
+    bench, the harness's own software and the controller's run at real time and are measured).
+    ``model``: an emulated bench computed it from its own physics and settings, so it can agree
+    with a published number but never confirm one."""
+
+    MEASURED = "measured"
+    MODEL = "model"
+
+
+# Units of figures that an emulated bench's physics decides (times, light, bandwidth, rates).
+_PHYSICS_UNITS = frozenset({"s", "dBm", "dB", "GB/s", "ratio", "samples/s", "steps"})
+
+
 class Verdict(str, enum.Enum):
     PASS = "pass"
     MARGINAL = "marginal"  # inside the limits, but closer to one than the bench's marginal band
@@ -31,6 +45,13 @@ class Spec:
     published_key: str = ""  # the published number this is judged against (harness/published.yaml)
     published_value: float | None = None
     category: str = ""  # what a failure means; see ``cause``
+    software: bool = False  # the figure is software time or the harness's own error: measured on any bench
+
+    def basis(self, emulated: bool) -> Basis:
+        """Measured on a real bench; on an emulated one, a figure its physics decides is a model."""
+        if not emulated or self.software or self.category == "controller error":
+            return Basis.MEASURED
+        return Basis.MODEL if self.unit in _PHYSICS_UNITS else Basis.MEASURED
 
     def cause(self) -> str:
         """What a failure of this measurement means, for reports: a timing regression, a
@@ -74,8 +95,8 @@ class Spec:
         near_high = self.high is not None and self.high - value < band
         return Verdict.MARGINAL if (near_low or near_high) else Verdict.PASS
 
-    def measure(self, value: float | None, **attrs: Any) -> "Measurement":
-        return Measurement(self, value, self.judge(value), attrs)
+    def measure(self, value: float | None, basis: Basis = Basis.MEASURED, **attrs: Any) -> "Measurement":
+        return Measurement(self, value, self.judge(value), attrs, Basis(basis))
 
     def limit_text(self) -> str:
         if self.low is not None and self.high is not None:
@@ -93,6 +114,7 @@ class Measurement:
     value: float | None
     verdict: Verdict
     attrs: dict[str, Any] = field(default_factory=dict)
+    basis: Basis = Basis.MEASURED
 
     @property
     def passed(self) -> bool:
@@ -105,7 +127,7 @@ class Measurement:
             shown = "invalid"
         else:
             shown = f"{self.value:.6g} {self.spec.unit}"
-        return (f"{self.spec.name} = {shown}: {self.verdict.value} (limit {self.spec.limit_text()}"
+        return (f"{self.spec.name} = {shown} ({self.basis.value}): {self.verdict.value} (limit {self.spec.limit_text()}"
                 f"{'; ' + self.spec.source if self.spec.source else ''})")
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,6 +142,7 @@ class Measurement:
             "high": self.spec.high,
             "source": self.spec.source,
             "verdict": self.verdict.value,
+            "basis": self.basis.value,
             "cause": self.spec.cause(),
             **({"published": self.spec.published_key, "published_value": self.spec.published_value}
                if self.spec.published_key else {}),

@@ -46,6 +46,9 @@ class Row:
     noise: float | None = None  # the absolute change that counts as noise
     regression: bool = False
     why: str = ""
+    basis: str = "measured"  # or "model": an emulated bench computed it (never a confirmation)
+    predicted: float | None = None  # what the bench file alone predicts (harness/predictions.py)
+    prediction: str = ""  # and why
 
 
 def _key(m: dict) -> str:
@@ -81,7 +84,11 @@ def summarize(record: Path, history: list[dict]) -> dict:
         if m.get("type") != "measurement" or (m.get("low") is None and m.get("high") is None):
             continue
         row = Row(_key(m), m["name"], m["test"], m.get("value"), m["unit"], m.get("low"), m.get("high"),
-                  m["verdict"], m.get("cause", ""), m.get("published"), m.get("published_value"))
+                  m["verdict"], m.get("cause", ""), m.get("published"), m.get("published_value"),
+                  basis=m.get("basis", "measured"))
+        attrs = m.get("attrs") or {}
+        if isinstance(attrs.get("predicted"), (int, float)) and "observed" not in attrs:
+            row.predicted, row.prediction = float(attrs["predicted"]), str(attrs.get("prediction", ""))
         if row.published_value and row.value is not None:
             row.ratio = row.value / row.published_value
         past = [h["values"][row.key] for h in before if h.get("values", {}).get(row.key) is not None]
@@ -150,11 +157,26 @@ def to_markdown(summary: dict) -> str:
         out.append("None beyond run-to-run noise.")
     published = [r for r in summary["rows"] if r["published"]]
     out += ["", f"## Published numbers ({len(published)} measurements)", "",
-            "| measurement | measured | published | ratio | verdict | change |", "|---|---|---|---|---|---|"]
+            "A `model` figure is what an emulated bench computed from its own physics and settings: it can agree "
+            "with a paper, it never confirms it. Only a `measured` figure from a real bench can.", "",
+            "| measurement | value | basis | published | ratio | verdict | change |", "|---|---|---|---|---|---|---|"]
     for r in published:
-        out.append(f"| {r['key']} | {_fmt(r['value'], r['unit'])} | {_fmt(r['published_value'], r['unit'])} "
-                   f"({r['published']}) | {_fmt(r['ratio'])} | {r['verdict']} | "
+        verdict = r["verdict"]
+        if r.get("basis") == "model":
+            verdict = f"{verdict} (model: {'agrees' if verdict != 'fail' else 'disagrees'}, confirms nothing)"
+        out.append(f"| {r['key']} | {_fmt(r['value'], r['unit'])} | {r.get('basis', 'measured')} | "
+                   f"{_fmt(r['published_value'], r['unit'])} ({r['published']}) | {_fmt(r['ratio'])} | {verdict} | "
                    f"{_fmt(None if r['change'] is None else r['change'] * 100, '%')} |")
+    predicted = [r for r in summary["rows"] if r.get("predicted") is not None]
+    if predicted:
+        out += ["", f"## Predicted from the bench file alone ({len(predicted)})", "",
+                "What the bench file predicts before anything runs, beside what the run observed: the gap, not "
+                "the figure, is what the run adds.", "",
+                "| measurement | observed | predicted | observed / predicted | basis | why |", "|---|---|---|---|---|---|"]
+        for r in predicted:
+            gap = r["value"] / r["predicted"] if r["value"] is not None and r["predicted"] else None
+            out.append(f"| {r['key']} | {_fmt(r['value'], r['unit'])} | {_fmt(r['predicted'], r['unit'])} | "
+                       f"{_fmt(gap)} | {r.get('basis', 'measured')} | {r['prediction']} |")
     out += ["", f"## Failed verdicts ({len(summary['failed'])})", ""]
     if summary["failed"]:
         out += ["| measurement | value | limits | cause |", "|---|---|---|---|"]

@@ -14,6 +14,7 @@ import pytest
 
 from lumion_hil.reports import allure_glue
 from lumion_hil.harness.bandwidth import run_sweep
+from lumion_hil.harness import limits, predictions
 from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.published import about, upper_limit
 from lumion_hil.harness.recovery import rank_map, recover_once
@@ -90,9 +91,13 @@ def test_busbw_ratio_optical_over_electrical(story, bench_file, measure):
         pytest.skip("the bench file describes no electrical rack to compare with")
     optical, electrical = story["after"].largest, story["electrical"].largest
     assert optical.size_bytes == electrical.size_bytes
+    ratio = optical.out_of_place.busbw_gbps / electrical.out_of_place.busbw_gbps
+    predicted = predictions.busbw_ratio(bench_file, optical.size_bytes)
     measure(about("allreduce_busbw_optical_over_electrical", "morphlux.allreduce_busbw_ratio", bench_file.published,
-                  bench_file.limits.about_tolerance.value, bench_file.limits.marginal_fraction),
-            optical.out_of_place.busbw_gbps / electrical.out_of_place.busbw_gbps, size_bytes=optical.size_bytes)
+                  bench_file.limits.about_tolerance.value, bench_file.limits.marginal_fraction), ratio,
+            size_bytes=optical.size_bytes, predicted=predicted.value, prediction=predicted.why)
+    measure(limits.against_prediction("allreduce_busbw_ratio_over_bench_prediction", bench_file), ratio / predicted.value,
+            observed=ratio, predicted=predicted.value, prediction=predicted.why)
 
 
 @allure.title("no wrong results in any all-reduce")

@@ -140,14 +140,14 @@ def test_recovery_time(session, bench_file, running_job, fault_kind, measure, ti
     # The controller's overhead, from outside: wall time minus the physics the bench accounts for.
     overhead = controller_overhead(session, fault_ns, restart)
     measure(limits.controller_overhead(bench_file), overhead.overhead_s, physics_s=overhead.physics_s,
-            physics=overhead.physics, basis=overhead.basis)
+            physics=overhead.physics, physics_from=overhead.basis)
     if session.world is not None:  # the emulated world knows what truly happened
         truth = ground_truth(session.world, fault_ns, result)
-        measure(Spec("recovery_measurement_error", "s", description="measured fault-to-first-step minus the world's")
+        measure(Spec("recovery_measurement_error", "s", software=True, description="measured fault-to-first-step minus the world's")
                 .in_range(-0.002, 0.002, "harness requirement: within 2 ms of ground truth"), total_s - truth.total_s)
         # The old way, recorded beside it: the controller's phases minus the physics inside each.
         reported = sum(result.phase_s(p) - physical for p, physical in truth.physical_s.items()) + truth.between_phases_s
-        measure(Spec("controller_overhead_from_its_phases", "s", description="the same overhead summed over the "
+        measure(Spec("controller_overhead_from_its_phases", "s", software=True, description="the same overhead summed over the "
                      "phases the controller reports (0 for one that reports none): recorded, never judged"), reported)
 
 

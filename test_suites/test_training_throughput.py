@@ -10,6 +10,7 @@ import allure
 import pytest
 
 from lumion_hil.harness.bandwidth import observe_step_rate
+from lumion_hil.harness import limits, predictions
 from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.published import about
 from lumion_hil.harness.recovery import observe_restart, recover_once
@@ -71,6 +72,12 @@ def test_step_rate_after_recovery_matches_before(rates, bench_file, measure):
 def test_throughput_ratio_optical_over_electrical(rates, bench_file, measure):
     if "electrical" not in rates:
         pytest.skip("the bench file describes no electrical rack to compare with")
-    measure(about("throughput_optical_over_electrical", "morphlux.epoch_speedup", bench_file.published,
-                  bench_file.limits.about_tolerance.value, bench_file.limits.marginal_fraction),
-            rates["after"].samples_per_s / rates["electrical"].samples_per_s)
+    ratio = rates["after"].samples_per_s / rates["electrical"].samples_per_s
+    predicted = predictions.throughput_ratio(bench_file)
+    tolerance, fraction = bench_file.limits.about_tolerance.value, bench_file.limits.marginal_fraction
+    for name, key in (("throughput_optical_over_electrical", "morphlux.epoch_speedup"),
+                      ("throughput_optical_over_electrical_lumion", "lumion.throughput_vs_electrical")):
+        measure(about(name, key, bench_file.published, tolerance, fraction), ratio, predicted=predicted.value,
+                prediction=predicted.why)
+    measure(limits.against_prediction("throughput_ratio_over_bench_prediction", bench_file), ratio / predicted.value,
+            observed=ratio, predicted=predicted.value, prediction=predicted.why)

@@ -25,7 +25,7 @@ def test_failed_measurement_fails_the_test_after_all_are_recorded(pytester):
     result = pytester.runpytest("--bench", str(BENCHES / "emulated.yaml"), "--time-scale", "0.1",
                                 "--run-record", str(record), "-p", "no:randomly")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*measurement out of limits*", "*too_slow = 2.5 s: fail (limit <= 1 s; made up)*"])
+    result.stdout.fnmatch_lines(["*measurement out of limits*", "*too_slow = 2.5 s (model): fail (limit <= 1 s; made up)*"])
     lines = [json.loads(line) for line in record.read_text().splitlines()]
     assert lines[0]["type"] == "run" and lines[0]["bench"] == "emulated-prototype"
     names = [(m["name"], m["verdict"]) for m in lines if m["type"] == "measurement"]

@@ -68,6 +68,7 @@ class _Source:
 class _Sink:
     rx_fibre_loss_db: float
     owner: str
+    sensitivity_dbm: float  # the receiver's own (its host's emulation setting), not the lab's limit
 
 
 class _History:
@@ -130,8 +131,7 @@ class World:
         for host, nic in bench.nic_ports():
             owner = f"{host.name}.{nic.name}"
             self.sources[nic.tx_port] = _Source(nic.launch_dbm, nic.tx_fibre_loss_db, owner, nic.wavelength_nm)
-            self.sinks[nic.rx_port] = _Sink(nic.rx_fibre_loss_db, owner)
-        self.sensitivity_dbm = bench.limits.receiver_sensitivity_dbm.value
+            self.sinks[nic.rx_port] = _Sink(nic.rx_fibre_loss_db, owner, host.emulation.receiver_sensitivity_dbm)
         self.hosts = {h.name: h for h in bench.topology.hosts}
         self.gpus: dict[tuple[str, int], GpuState] = {}
         for host in bench.topology.hosts:
@@ -520,7 +520,7 @@ class World:
 
     def _receiving(self, rx_port: int, t: int) -> bool:
         power = self.received_dbm(rx_port, t)
-        return power is not None and power >= self.sensitivity_dbm
+        return power is not None and power >= self.sinks[rx_port].sensitivity_dbm
 
     def _receiving_since(self, rx_port: int, t: int) -> tuple[bool, int]:
         """Whether the receiver has light at t, and since when. Kept until the light's history

@@ -1,0 +1,101 @@
+"""What the bench file alone predicts, before anything runs: the optical/electrical ratios of
+all-reduce bus bandwidth and of training throughput once a spare is swapped in.
+
+On an emulated bench these ratios are the bench file played back through the cost model
+(instruments/collectives.py), so the run's figure is a model figure: it can agree with a paper,
+never confirm it. What the run adds is the gap between this prediction and what it observed: a
+link slower than its rate, a controller that wires the spare in some other way. The prediction
+assumes what the reference controller does: the failed rank's place taken by the bench's first
+spare, one circuit each way between ring neighbours at the NICs' rates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lumion_hil.harness.config import Bench
+from lumion_hil.instruments.collectives import Fabric, Link, collective_cost
+
+
+@dataclass(frozen=True)
+class Prediction:
+    value: float
+    why: str
+    ranks: tuple[str, ...]
+
+
+def _spare(bench: Bench) -> str | None:
+    return next((h.name for h in bench.topology.hosts if h.name not in bench.job.ranks
+                 and any(g.role == "spare" for g in h.gpus)), None)
+
+
+def ranks_after_swap(bench: Bench) -> list[str]:
+    """The job's ranks with rank 0 replaced by the first spare (the same for any rank: the ring
+    is symmetric), or the job's ranks where the bench has no spare."""
+    ranks, spare = list(bench.job.ranks), _spare(bench)
+    return [spare, *ranks[1:]] if spare else ranks
+
+
+def _optical(bench: Bench, ranks: list[str]) -> Fabric:
+    latency = bench.collectives.optical_hop_latency_us.value
+    links = {}
+    for a, b in zip(ranks, ranks[1:] + ranks[:1]):
+        for x, y in ((a, b), (b, a)):
+            rate = min(min(n.rate_gbps for n in bench.host(x).nics), min(n.rate_gbps for n in bench.host(y).nics))
+            links[("optical", x, y)] = Link(rate, latency)
+    return Fabric(links, lambda x, y: (("optical", x, y),) if ("optical", x, y) in links else None)
+
+
+def _electrical(bench: Bench, ranks: list[str]) -> Fabric:
+    rack = bench.electrical
+    nic, hop, share = rack.nic_gbps.value, rack.hop_latency_us.value, rack.nic_gbps.value / rack.oversubscription.value
+    links = {}
+    for host in ranks:
+        links.update({("nic-tx", host): Link(nic, hop), ("nic-rx", host): Link(nic, 0.0),
+                      ("uplink", host): Link(share, hop), ("downlink", host): Link(share, hop)})
+
+    def route(a, b):
+        if rack.rack_of(a) == rack.rack_of(b):
+            return (("nic-tx", a), ("nic-rx", b))
+        return (("nic-tx", a), ("uplink", a), ("downlink", b), ("nic-rx", b))
+
+    return Fabric(links, route)
+
+
+def _why(bench: Bench, ranks: list[str], ratio: float) -> str:
+    rack = bench.electrical
+    racks = sorted({rack.rack_of(h) for h in ranks})
+    if len(racks) == 1:
+        return (f"every rank after the swap ({', '.join(ranks)}) is in rack {racks[0]}: the electrical ring never "
+                f"crosses the {rack.oversubscription.value:g}:1 uplink, so it carries what its NICs do, about what "
+                f"the circuits carry (predicted ratio {ratio:.2f})")
+    away = [h for h in ranks if rack.rack_of(h) != rack.rack_of(ranks[-1])]
+    return (f"the ranks after the swap span racks {', '.join(racks)} ({', '.join(away)} in another rack): the "
+            f"electrical ring crosses the {rack.oversubscription.value:g}:1 uplink, which the circuits bypass "
+            f"(predicted ratio {ratio:.2f})")
+
+
+def busbw_ratio(bench: Bench, size_bytes: int) -> Prediction | None:
+    """Optical over electrical all-reduce bus bandwidth at ``size_bytes`` after the swap."""
+    if bench.job is None or bench.electrical is None or len(bench.job.ranks) < 2:
+        return None
+    ranks = ranks_after_swap(bench)
+    kw = dict(step_latency_us=bench.collectives.step_latency_us.value, rings=bench.collectives.rings)
+    optical = collective_cost("all_reduce", ranks, size_bytes, _optical(bench, ranks), **kw)
+    electrical = collective_cost("all_reduce", ranks, size_bytes, _electrical(bench, ranks), **kw)
+    ratio = electrical.time_s / optical.time_s
+    return Prediction(ratio, _why(bench, ranks, ratio), tuple(ranks))
+
+
+def throughput_ratio(bench: Bench) -> Prediction | None:
+    """Optical over electrical training throughput after the swap: the emulated job's step is
+    its compute plus a ring all-reduce of its gradients."""
+    if bench.job is None or bench.electrical is None or len(bench.job.ranks) < 2:
+        return None
+    ranks, job = ranks_after_swap(bench), bench.job
+    kw = dict(step_latency_us=bench.collectives.step_latency_us.value, rings=bench.collectives.rings)
+    size = int(job.gradient_bytes)
+    optical = job.compute_time_s + collective_cost("all_reduce", ranks, size, _optical(bench, ranks), **kw).time_s
+    electrical = job.compute_time_s + collective_cost("all_reduce", ranks, size, _electrical(bench, ranks), **kw).time_s
+    ratio = electrical / optical
+    return Prediction(ratio, _why(bench, ranks, ratio), tuple(ranks))
