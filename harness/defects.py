@@ -153,6 +153,8 @@ CATALOGUE: dict[str, Defect] = {d.name: d for d in (
            _controller("WrongFailedHostController"), device=False),
     Defect("wrong_rank_map", "the controller recovers and reports its new rank map in another order", None,
            _controller("WrongRankMapController"), device=False),
+    Defect("ignores_fading_light", "the controller never reads the light at its receivers (no margin watcher)", None,
+           _controller("IgnoresFadingLightController"), device=False),
     Defect("early_first_step", "the controller reports the first step N ms before its hosts saw it", "200",
            _controller("EarlyFirstStepController"), device=False),
     Defect("unguarded_protected_port", "the controller switches through the raw driver, so the protected-port "

@@ -79,6 +79,27 @@ def profile(name: str, seed: int, examples_dir: Path, sequences: int | None = No
     return Profile(name, sequences or count, max_steps, pieces, seed, examples_dir)
 
 
+# The detection and recovery paths of the reference controller that a ci run on a bench that can
+# make every fault must reach (Explorer.paths counts those taken; a prefix names a family).
+REFERENCE_PATHS = (
+    "detected: xid", "detected: link_down", "detected: margin_low", "detected: job_exit",
+    "fade into the margin zone", "a guess at which end failed", "the spare lost on the way in", "degraded",
+    "resume after a repair",
+)
+
+
+def reference_paths(bench) -> tuple[str, ...]:
+    """The paths a ci run on ``bench`` must reach. The controller guesses which end of a dark
+    link failed only where a receiver has no detector to tell: on a bench that sees every
+    receiver, no guess is needed (or reachable)."""
+    sees_all = all(bench.detectors_for_port(n.rx_port) for _, n in bench.nic_ports())
+    return tuple(p for p in REFERENCE_PATHS if not (sees_all and p == "a guess at which end failed"))
+
+
+def paths_missed(paths: dict[str, int], bench) -> list[str]:
+    return [p for p in reference_paths(bench) if not any(k.startswith(p) for k in paths)]
+
+
 # The promises a failure sequence keeps, each named once. The checks after every step are
 # registered with the promises they guard (Explorer.CHECKS, in the order they run); the others
 # are judged as a recovery ends (_judge, _took).
@@ -282,6 +303,7 @@ class Explorer:
         self._record_offset = 0
         self.recoveries = 0
         self.steps_taken = 0
+        self.paths: dict[str, int] = {}  # the detection and recovery paths the stories took
         self.reset()
 
     # -- the bench's parts ---------------------------------------------------------------------
@@ -433,6 +455,10 @@ class Explorer:
             listeners.remove(second)
         if step.spare_fails and not extra:
             needed -= 1  # no spare was taken (none was left): none could fail
+        if step.spare_fails and extra:
+            self._reached("the spare lost on the way in")
+        if step.during is not None and extra:
+            self._reached(f"a second fault during {step.at}")
         if step.during is not None and not extra and step.during.kind in REPLACING:
             needed -= 1  # the recovery never entered that phase (or the controller does not say its phases)
         expect = "degraded" if needed > usable else "recovered"
@@ -442,31 +468,47 @@ class Explorer:
     def _degrade(self, step: Step) -> str:
         key = (step.host, step.nic)
         total = self.model.fading.get(key, 0.0) + step.by_db
+        now = self.light_at_receiver(step.host, step.nic)  # read before the fade: the oracle's measurement
         self.model.fading[key] = total
         fault = Fault("transceiver_degradation", step.host, step.nic, loss_db=total)
-        if not self._fades_below_margin(step.host, step.nic, total):
+        floor = self.bench.limits.light_floor_dbm
+        if now is None or now - step.by_db >= floor:
             self.injector.inject(fault)
-            return f"faded to -{total:g} dB, still above the margin"
+            return f"faded to -{total:g} dB, still above the margin" if now is not None else \
+                f"faded to -{total:g} dB, into no receiver"
+        self._reached("fade into the margin zone" if now - step.by_db >= self.bench.limits.receiver_sensitivity_dbm.value
+                      else "fade into the dark")
         usable = len(self.usable_spares())
         self._note(fault)
         result = self._recover(lambda: self.injector.inject(fault), step)
         self._judge(result, "degraded" if usable == 0 else "recovered", step)
         return f"faded to -{total:g} dB: {result.status}: {result.reason}"
 
-    def _fades_below_margin(self, host: str, nic_name: str, loss_db: float) -> bool:
-        """Whether the light this NIC sends reaches its receiver below sensitivity + margin once
-        it has faded by ``loss_db`` (the bench's own loss budget: launch, fibres, connectors,
-        the switch's insertion loss)."""
+    def light_at_receiver(self, host: str, nic_name: str) -> float | None:
+        """The light this NIC's transmitter puts on its receiver now, as the receiver's detector
+        reads it (a meter or the switch's monitor): None where no circuit carries it or no
+        detector sees that receiver. Never computed from the bench's settings."""
         nic = next(n for n in self.bench.host(host).nics if n.name == nic_name)
         receiver_port = self.session.switch.connections().get(nic.tx_port)
         if receiver_port is None:
-            return False
-        owner = self.bench.nic_on_rx_port(receiver_port)
-        rx_loss = owner[1].rx_fibre_loss_db if owner else 0.0
-        received = (nic.launch_dbm - loss_db - nic.tx_fibre_loss_db - self.bench.switch.emulation.insertion_loss_db - rx_loss
-                    - self.bench.topology.connector_loss_db)
-        floor = self.bench.limits.light_floor_dbm
-        return received < floor
+            return None
+        det = next(iter(self.bench.detectors_for_port(receiver_port)), None)
+        if det is None:
+            return None
+        reading = self.session.received_dbm(det)
+        return reading if isinstance(reading, float) else None
+
+    def fade_into(self, host: str, nic_name: str, zone: str) -> float:
+        """The fade (dB) that takes this NIC's light, as its receiver's detector reads it now, into
+        ``zone``: "above" the margin, the "margin" zone (below sensitivity + margin, above
+        sensitivity: the margin watcher's to catch before the link drops), or the "dark" below
+        sensitivity. Without a reading: the fixed steps 2, 4 and 10 dB."""
+        now = self.light_at_receiver(host, nic_name)
+        if now is None:
+            return {"above": 2.0, "margin": 4.0, "dark": 10.0}[zone]
+        floor, sensitivity = self.bench.limits.light_floor_dbm, self.bench.limits.receiver_sensitivity_dbm.value
+        target = {"above": floor + 1.0, "margin": (floor + sensitivity) / 2, "dark": sensitivity - 3.0}[zone]
+        return round(max(0.5, now - target), 1)
 
     def _repair(self, host: str) -> str:
         for fault in self.model.faults.pop(host, []):
@@ -509,10 +551,32 @@ class Explorer:
         self._settle(result)
         return result
 
+    def _reached(self, path: str) -> None:
+        self.paths[path] = self.paths.get(path, 0) + 1
+        try:
+            from hypothesis import event
+
+            event(f"path: {path}")  # Hypothesis's statistics (pytest --hypothesis-show-statistics)
+        except Exception:  # outside a Hypothesis test (a replay): the count is enough
+            pass
+
+    def _paths_of(self, result: RecoveryResult, step: Step) -> None:
+        if result.detection is not None:
+            self._reached(f"detected: {result.detection.kind}")
+        if result.plan is not None and result.plan.fallback is not None:
+            self._reached("a guess at which end failed")
+        if "retry" in result.phases:
+            self._reached("a wrong guess, the other end tried")
+        if result.status == "degraded":
+            self._reached("degraded")
+        if step.action == "repair":
+            self._reached(f"resume after a repair: {result.status}")
+
     def _took(self, result: RecoveryResult, started: float, step: Step) -> None:
         took = time.monotonic() - started
         self.recoveries += 1
         self.last = result
+        self._paths_of(result, step)
         limit = self.bench.waits.recovery_s
         if self.measure is not None:
             self.measure(Spec("sequence_recovery_time", "s", description="fault (or repair) to the job stepping "

@@ -46,6 +46,7 @@ class Spec:
     published_value: float | None = None
     category: str = ""  # what a failure means; see ``cause``
     software: bool = False  # the figure is software time or the harness's own error: measured on any bench
+    better: str | None = None  # "higher" or "lower": a recorded figure's good direction, for night-to-night regressions
 
     def basis(self, emulated: bool) -> Basis:
         """Measured on a real bench; on an emulated one, a figure its physics decides is a model."""
@@ -144,6 +145,7 @@ class Measurement:
             "verdict": self.verdict.value,
             "basis": self.basis.value,
             "cause": self.spec.cause(),
+            **({"better": self.spec.better} if self.spec.better else {}),
             **({"published": self.spec.published_key, "published_value": self.spec.published_value}
                if self.spec.published_key else {}),
             **({"attrs": self.attrs} if self.attrs else {}),

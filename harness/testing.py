@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 
 from lumion_hil.harness.controller import ReferenceController
+from lumion_hil.harness.detection import Watchers
 from lumion_hil.harness.planning import like_for_like
 from lumion_hil.harness.recovery_model import RecoveryResult, Status
 from lumion_hil.harness.spares import SparePool
@@ -162,3 +163,17 @@ class WrongRankMapController(ReferenceController):
             ranks = list(result.plan.ranks_after)
             result.plan = replace(result.plan, ranks_after=ranks[1:] + ranks[:1])
         return result
+
+
+class _BlindToFading(Watchers):
+    def _watch_margin(self, *_args) -> None:
+        return  # the bug: the light at the receivers is never read
+
+
+class IgnoresFadingLightController(ReferenceController):
+    """Never watches the light at its receivers: a transmitter that fades below the margin goes
+    unseen until the link drops (and one that fades into the margin zone, for ever)."""
+
+    def __init__(self, session, ranks):
+        super().__init__(session, ranks)
+        self.watchers = _BlindToFading(session)

@@ -49,6 +49,7 @@ class Row:
     basis: str = "measured"  # or "model": an emulated bench computed it (never a confirmation)
     predicted: float | None = None  # what the bench file alone predicts (harness/predictions.py)
     prediction: str = ""  # and why
+    better: str | None = None  # a recorded (unjudged) figure's good direction
 
 
 def _key(m: dict) -> str:
@@ -63,6 +64,8 @@ def _worse_by(row: Row, previous: float) -> float:
     """How much worse the value is than ``previous`` (negative: better)."""
     if row.value is None:
         return float("inf")
+    if row.high is None and row.low is None and row.better:
+        return previous - row.value if row.better == "higher" else row.value - previous
     if row.high is not None and row.low is None:
         return row.value - previous
     if row.low is not None and row.high is None:
@@ -81,11 +84,11 @@ def summarize(record: Path, history: list[dict]) -> dict:
     before = [h for h in history if h.get("record") != str(record)][-HISTORY_RUNS:]
     rows: dict[str, Row] = {}
     for m in lines:
-        if m.get("type") != "measurement" or (m.get("low") is None and m.get("high") is None):
-            continue
+        if m.get("type") != "measurement" or (m.get("low") is None and m.get("high") is None and not m.get("better")):
+            continue  # judged figures, and recorded ones with a good direction (busbw at every size)
         row = Row(_key(m), m["name"], m["test"], m.get("value"), m["unit"], m.get("low"), m.get("high"),
                   m["verdict"], m.get("cause", ""), m.get("published"), m.get("published_value"),
-                  basis=m.get("basis", "measured"))
+                  basis=m.get("basis", "measured"), better=m.get("better"))
         attrs = m.get("attrs") or {}
         if isinstance(attrs.get("predicted"), (int, float)) and "observed" not in attrs:
             row.predicted, row.prediction = float(attrs["predicted"]), str(attrs.get("prediction", ""))

@@ -75,6 +75,10 @@ def test_busbw_by_size(story, measure):
             measure(Spec(f"busbw_largest_{name}", "GB/s", description=f"all-reduce of {sweep.largest.size_bytes} B, "
                          f"{sweep.fabric}"), sweep.largest.out_of_place.busbw_gbps, ranks=sweep.ranks)
             measure(Spec(f"nccl_tests_sweep_{name}", "s", description="wall time of the sweep"), sweep.wall_s)
+            # Every size in the record, so that a regression at any size reaches the summary.
+            for size, busbw in sorted(sweep.result.busbw_by_size().items()):
+                measure(Spec(f"busbw_{name}_{size}B", "GB/s", better="higher", description=f"all-reduce busbw at "
+                             f"{size} B, {sweep.fabric} (out of place)"), busbw, size_bytes=size, ranks=sweep.ranks)
 
 
 @allure.title("the optical swap gives the bandwidth back")

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, note, seed, settings, strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from lumion_hil.harness.exploration import DURING, NIC_KINDS, Broken, Explorer, Step, Story, shards
+from lumion_hil.harness.exploration import DURING, NIC_KINDS, Broken, Explorer, Step, Story, paths_missed, shards
 from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.progress import PROGRESS
 from lumion_hil.instruments.backend import FaultKind
@@ -50,7 +50,7 @@ def _step(data, explorer: Explorer, kinds: list[str], fade: bool) -> Step:
     second_pick = data.draw(st.integers(0, 15), label="which second host")
     second_kind = data.draw(st.sampled_from(("gpu_failure", "process_kill")), label="second fault")
     phase = data.draw(st.sampled_from(DURING), label="in which phase")
-    by_db = data.draw(st.sampled_from((3.0, 2.0, 4.0)), label="dB")
+    zone = data.draw(st.sampled_from(("margin", "above", "dark")), label="fades into")
 
     broken = sorted({h for h, faults in explorer.model.faults.items() if faults} | {h for h, _ in explorer.model.fading})
     if action == "repair" or explorer.state != "running":
@@ -63,8 +63,8 @@ def _step(data, explorer: Explorer, kinds: list[str], fade: bool) -> Step:
     on_ring = [n.name for n in explorer.bench.host(host).nics if n.tx_port in live or n.rx_port in live.values()]
     nics = on_ring or explorer.nics_of(host)
     nic = nics[nic_pick % len(nics)]
-    if action == "degrade":
-        return Step("degrade", host=host, nic=nic, by_db=by_db)
+    if action == "degrade":  # how far, from what the receiver's detector reads now
+        return Step("degrade", host=host, nic=nic, by_db=explorer.fade_into(host, nic, zone))
     nic = nic if kind in NIC_KINDS else None
     others = [h for h in ranks if h != host]
     if twist == "during" and others and explorer.can_make("gpu_failure"):
@@ -86,6 +86,7 @@ def test_failure_sequences(shard, session, bench_file, exploration, measure, rec
     the_seed = profile.seed + shard
     examples = max(1, profile.sequences // profile.shards)
     lengths: list[int] = []
+    stories: set[tuple[str, ...]] = set()  # distinct stories told to the end (not shrink replays)
     told: dict = {"steps": [], "broke": None}
 
     @settings(max_examples=examples, deadline=None, derandomize=False, print_blob=False,
@@ -106,6 +107,7 @@ def test_failure_sequences(shard, session, bench_file, exploration, measure, rec
                 outcome = explorer.apply(step)
                 note(f"{len(steps)}. {step.describe()}: {outcome}")
                 explorer.check()
+            stories.add(tuple(step.describe() for step in steps))
         except Exception as broken:  # a promise broken, or the harness itself failing: both are stories
             told["broke"] = f"{type(broken).__name__}: {broken}" if not isinstance(broken, Broken) else str(broken)
             raise
@@ -135,10 +137,21 @@ def test_failure_sequences(shard, session, bench_file, exploration, measure, rec
             if not failing:
                 raise
         took = time.monotonic() - started
-        measure(Spec("sequences_explored", "sequences", description="failure sequences explored in this shard")
-                .at_least(examples, f"profile {profile.name}: {examples} per shard"), float(len(lengths)),
-                profile=profile.name, seed=the_seed, shard=shard,
+        # Many of Hypothesis's choice sequences tell the same story (a quiet step draws choices it
+        # never reads): at least a third of the profile's sequences must be distinct stories
+        # told to the end (a clean ci run tells about 45%).
+        target = max(1, examples // 3)
+        measure(Spec("sequences_explored", "sequences", description="distinct failure sequences told to the end in "
+                     "this shard (not shrink replays)").at_least(target, f"profile {profile.name}: {examples} per "
+                     "shard, a third of them distinct stories").with_marginal(0.0), float(len(stories)),
+                profile=profile.name, seed=the_seed, shard=shard, sequences_run=len(lengths),
                 promises={c.name: list(c.promises) for c in Explorer.CHECKS})
+        missed = paths_missed(explorer.paths, bench_file)
+        every = profile.name == "ci" and fade and set(kinds) == {k.value for k in FaultKind}
+        paths = Spec("paths_not_reached", "paths", description="paths of the reference controller no story took")
+        if every:  # a ci run on a bench that makes every fault must reach every path
+            paths = paths.at_most(0, "the ci profile reaches every detection and recovery path").with_marginal(0.0)
+        measure(paths, float(len(missed)), missed=missed, reached=dict(sorted(explorer.paths.items())))
         if lengths:
             measure(Spec("sequence_length_mean", "steps", description="mean steps per sequence"), statistics.mean(lengths),
                     profile=profile.name)

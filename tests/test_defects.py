@@ -93,6 +93,10 @@ PROOFS = [
     ("spare_in_use", ["test_failure_sequences.py"], None, 0.2, None, {"sequences_explored"}),
     ("slow_controller=4000", ["test_failure_sequences.py", "test_circuit_setup.py"], None, 0.02, exploration_bench,
      {"sequence_recovery_time", "sequences_explored"}),
+    # The ci profile on the exploration bench fades transmitters into the margin zone, from what
+    # the receivers' detectors read: a controller that never reads the light is caught there.
+    ("ignores_fading_light", ["test_failure_sequences.py"], None, 0.02, exploration_bench,
+     {"sequences_explored", "paths_not_reached"}),
     ("leaves_failed_circuits", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2, three_port_bench,
      {"failed_host_circuits_removed"}),
     ("unguarded_protected_port", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2,
@@ -129,12 +133,16 @@ STILL_GREEN = {
 }
 
 
+# Options beyond the bench, the scale and -k that a proof runs with.
+EXTRA = {"ignores_fading_light": ["--explore", "ci", "--explore-sequences", "60"]}
+
+
 def run_with_defect(tmp_path, defect, suites, k, scale, bench_factory):
     bench = bench_factory(tmp_path) if bench_factory else BENCHES / "emulated.yaml"
     record = tmp_path / "record.jsonl"
     cmd = [sys.executable, "-m", "pytest", *(str(SUITES / s) for s in suites), "-p", "no:cacheprovider", "--rootdir",
            str(SUITES), "--bench", str(bench), "--time-scale", str(scale), "--defect", defect, "--run-record",
-           str(record), "-q", "-p", "no:randomly"]
+           str(record), "-q", "-p", "no:randomly", *EXTRA.get(defect, [])]
     if k:
         cmd += ["-k", k]
     env = {**os.environ, "LUMION_HIL_LOCK_DIR": str(tmp_path)}

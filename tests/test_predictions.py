@@ -84,3 +84,25 @@ def test_the_summary_marks_ratios_model_and_shows_the_prediction(tmp_path, bench
         assert ratio["value"] == pytest.approx(1.0, rel=0.05) and ratio["verdict"] == "fail"
         assert "never crosses the 2:1 uplink" in markdown
         assert _row(summary, "allreduce_busbw_ratio_over_bench_prediction")["verdict"] != "fail"
+
+
+def test_a_small_message_regression_reaches_the_summary(tmp_path):
+    """busbw at every size is in the run record; a drop at one small size, beyond the noise,
+    is a regression in the summary although no limit judges it."""
+    from lumion_hil.harness.measurements import Spec
+
+    def record(path, small):
+        lines = [{"type": "run", "bench": "b", "time_scale": 1.0}]
+        for size, busbw in ((8, small), (134217728, 2.4)):
+            m = Spec(f"busbw_after_{size}B", "GB/s", better="higher").measure(busbw)
+            lines.append({"type": "measurement", "test": "t.py::test_busbw_by_size", **m.to_dict()})
+        path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+        return path
+
+    first = summarize(record(tmp_path / "a.jsonl", 0.0011), [])
+    history = [{"record": first["record"], "values": {r["key"]: r["value"] for r in first["rows"]},
+                "verdicts": {r["key"]: r["verdict"] for r in first["rows"]}}]
+    second = summarize(record(tmp_path / "b.jsonl", 0.0005), history)
+    assert [r["name"] for r in second["regressions"]] == ["busbw_after_8B"], second["regressions"]
+    steady = summarize(record(tmp_path / "c.jsonl", 0.00108), history)
+    assert steady["regressions"] == []
