@@ -31,7 +31,7 @@ from lumion_hil.harness.controller import RecoveryResult, load_controller
 from lumion_hil.harness.errors import HarnessError
 from lumion_hil.harness.faults import Fault, FaultNotPossible, Injector
 from lumion_hil.harness.measurements import Spec
-from lumion_hil.harness.recovery import recover_from
+from lumion_hil.harness.recovery import NotRestarted, rank_map, recover_from
 from lumion_hil.instruments.backend import NIC_FAULTS, FaultKind
 
 # Faults that take a host out of the job (a process killed restarts it in place).
@@ -520,10 +520,10 @@ class Explorer:
         if self.state != "degraded":
             return "back in the spare pool"
         expect = "recovered" if self._can_be_full() else "degraded"
-        started = time.monotonic()
+        started, since_ns = time.monotonic(), self.session.timeline.clock()
         result = self.controller.resume()
         self._took(result, started, Step("repair", host=host))
-        self._settle(result)
+        self._settle(result, since_ns)
         self._judge(result, expect, Step("repair", host=host))
         return f"resumed: {result.status}: {result.reason}"
 
@@ -544,11 +544,11 @@ class Explorer:
         self.controller.ranks = list(self.ranks)
         started = time.monotonic()
         try:
-            _, result = recover_from(self.controller, make_fault)
+            fault_ns, result = recover_from(self.controller, make_fault)
         except FaultNotPossible as exc:
             raise StoryError(str(exc)) from None
         self._took(result, started, step)
-        self._settle(result)
+        self._settle(result, fault_ns)
         return result
 
     def _reached(self, path: str) -> None:
@@ -588,9 +588,12 @@ class Explorer:
             raise Broken("each recovery ends within its deadline", f"{step.describe()}: {took:.2f} s, deadline "
                          f"{limit:.3g} s")
 
-    def _settle(self, result: RecoveryResult) -> None:
+    def _settle(self, result: RecoveryResult, since_ns: int) -> None:
         if result.status == "recovered":
-            self.ranks = list(result.plan.ranks_after) if result.plan else self.ranks
+            try:  # the rank map as the agents report it, never the controller's plan
+                self.ranks = rank_map(self.session, since_ns, self.size)[0]
+            except NotRestarted as exc:
+                raise Broken("the job runs at full size", f"the controller said recovered, but {exc}") from None
             self.state = "running"
         elif result.status == "degraded":
             self.state = "degraded"

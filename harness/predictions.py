@@ -6,7 +6,7 @@ On an emulated bench these ratios are the bench file played back through the cos
 never confirm it. What the run adds is the gap between this prediction and what it observed: a
 link slower than its rate, a controller that wires the spare in some other way. The prediction
 assumes what the reference controller does: the failed rank's place taken by the bench's first
-spare, one circuit each way between ring neighbours at the NICs' rates.
+spare, each host's optical ports split between its two ring neighbours, at the NICs' rates.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lumion_hil.harness.config import Bench
-from lumion_hil.instruments.collectives import Fabric, Link, collective_cost
+from lumion_hil.instruments.collectives import Fabric, Link, collective_cost, rack_fabric
 
 
 @dataclass(frozen=True)
@@ -41,25 +41,17 @@ def _optical(bench: Bench, ranks: list[str]) -> Fabric:
     links = {}
     for a, b in zip(ranks, ranks[1:] + ranks[:1]):
         for x, y in ((a, b), (b, a)):
-            rate = min(min(n.rate_gbps for n in bench.host(x).nics), min(n.rate_gbps for n in bench.host(y).nics))
-            links[("optical", x, y)] = Link(rate, latency)
+            xs, ys = bench.host(x).nics, bench.host(y).nics
+            rate = min(min(n.rate_gbps for n in xs), min(n.rate_gbps for n in ys))
+            # Each host's ports split between its two ring neighbours (all to the one of a pair).
+            circuits = min(len(xs), len(ys)) if len(ranks) == 2 else max(1, min(len(xs), len(ys)) // 2)
+            links[("optical", x, y)] = Link(rate * circuits, latency)
     return Fabric(links, lambda x, y: (("optical", x, y),) if ("optical", x, y) in links else None)
 
 
 def _electrical(bench: Bench, ranks: list[str]) -> Fabric:
     rack = bench.electrical
-    nic, hop, share = rack.nic_gbps.value, rack.hop_latency_us.value, rack.nic_gbps.value / rack.oversubscription.value
-    links = {}
-    for host in ranks:
-        links.update({("nic-tx", host): Link(nic, hop), ("nic-rx", host): Link(nic, 0.0),
-                      ("uplink", host): Link(share, hop), ("downlink", host): Link(share, hop)})
-
-    def route(a, b):
-        if rack.rack_of(a) == rack.rack_of(b):
-            return (("nic-tx", a), ("nic-rx", b))
-        return (("nic-tx", a), ("uplink", a), ("downlink", b), ("nic-rx", b))
-
-    return Fabric(links, route)
+    return rack_fabric(ranks, rack.nic_gbps.value, rack.hop_latency_us.value, rack.oversubscription.value, rack.rack_of)
 
 
 def _why(bench: Bench, ranks: list[str], ratio: float) -> str:

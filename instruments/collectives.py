@@ -167,3 +167,24 @@ def collective_cost(collective: str, ranks: list[str], size_bytes: int, fabric: 
     if algorithm == "tree":
         return tree
     return tree if tree.time_s < ring.time_s else ring
+
+
+def rack_fabric(hosts: Iterable[str], nic_gbps: float, hop_latency_us: float, oversubscription: float,
+                rack_of: Callable[[str], str]) -> Fabric:
+    """An electrical rack network: each server's NIC to its rack's packet switch; traffic to
+    another rack crosses the rack's uplink, which under load gives each server
+    1/oversubscription of its NIC rate each way (assumption: every server of the rack is busy)."""
+    share = nic_gbps / oversubscription
+    links: dict = {}
+    for host in hosts:
+        links[("nic-tx", host)] = Link(nic_gbps, hop_latency_us)
+        links[("nic-rx", host)] = Link(nic_gbps, 0.0)
+        links[("uplink", host)] = Link(share, hop_latency_us)  # its share of the rack's uplink to the spine
+        links[("downlink", host)] = Link(share, hop_latency_us)
+
+    def route(a: str, b: str):
+        if rack_of(a) == rack_of(b):
+            return (("nic-tx", a), ("nic-rx", b))
+        return (("nic-tx", a), ("uplink", a), ("downlink", b), ("nic-rx", b))
+
+    return Fabric(links, route)

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from lumion_hil.instruments.collectives import Cost, Fabric, Link, collective_cost
+from lumion_hil.instruments.collectives import Cost, Fabric, Link, collective_cost, rack_fabric
 
 
 class WorldError(Exception):
@@ -658,21 +658,8 @@ class World:
         rack = self.bench.electrical
         if rack is None:
             raise WorldError("argument", f"bench {self.bench.name!r} has no electrical section")
-        nic, hop = rack.nic_gbps.value, rack.hop_latency_us.value
-        share = nic / rack.oversubscription.value
-        links: dict = {}
-        for host in set(self.hosts) | set(ranks):
-            links[("nic-tx", host)] = Link(nic, hop)
-            links[("nic-rx", host)] = Link(nic, 0.0)
-            links[("uplink", host)] = Link(share, hop)  # its share of the rack's uplink to the spine
-            links[("downlink", host)] = Link(share, hop)
-
-        def route(a: str, b: str):
-            if rack.rack_of(a) == rack.rack_of(b):
-                return (("nic-tx", a), ("nic-rx", b))
-            return (("nic-tx", a), ("uplink", a), ("downlink", b), ("nic-rx", b))
-
-        return Fabric(links, route)
+        return rack_fabric(set(self.hosts) | set(ranks), rack.nic_gbps.value, rack.hop_latency_us.value,
+                           rack.oversubscription.value, rack.rack_of)
 
     def collective_cost(self, collective: str, ranks: list[str], size_bytes: int, fabric: str = "optical",
                         t_ns: int | None = None) -> Cost:
