@@ -87,7 +87,7 @@ def test_failure_sequences(shard, session, bench_file, exploration, measure, rec
     examples = max(1, profile.sequences // profile.shards)
     lengths: list[int] = []
     stories: set[tuple[str, ...]] = set()  # distinct stories told to the end (not shrink replays)
-    told: dict = {"steps": [], "broke": None}
+    told: dict = {"steps": [], "broke": None, "shrinking": False}
 
     @settings(max_examples=examples, deadline=None, derandomize=False, print_blob=False,
               database=DirectoryBasedExampleDatabase(str(profile.database(bench_file))),
@@ -107,9 +107,11 @@ def test_failure_sequences(shard, session, bench_file, exploration, measure, rec
                 outcome = explorer.apply(step)
                 note(f"{len(steps)}. {step.describe()}: {outcome}")
                 explorer.check()
-            stories.add(tuple(step.describe() for step in steps))
+            if not told["shrinking"]:  # after the first broken story, Hypothesis only shrinks it
+                stories.add(tuple(step.describe() for step in steps))
         except Exception as broken:  # a promise broken, or the harness itself failing: both are stories
             told["broke"] = f"{type(broken).__name__}: {broken}" if not isinstance(broken, Broken) else str(broken)
+            told["shrinking"] = True
             raise
         finally:
             lengths.append(len(steps))

@@ -97,7 +97,7 @@ PROOFS = [
     # The ci profile on the exploration bench fades transmitters into the margin zone, from what
     # the receivers' detectors read: a controller that never reads the light is caught there.
     ("ignores_fading_light", ["test_failure_sequences.py"], None, 0.02, exploration_bench,
-     {"sequences_explored", "paths_not_reached"}),
+     {"paths_not_reached"}),
     ("leaves_failed_circuits", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2, three_port_bench,
      {"failed_host_circuits_removed"}),
     ("unguarded_protected_port", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2,
@@ -135,6 +135,11 @@ STILL_GREEN = {
 }
 
 
+# Verdicts a defect may turn red beside its own, as the random stories fall: a controller blind
+# to fading light never detects margin_low (paths_not_reached, always red); a story that fades a
+# transmitter into the margin zone also breaks a promise (sequences_explored) when one is drawn.
+MAY_TURN_RED = {"ignores_fading_light": {"sequences_explored", "sequence_recovery_time"}}
+
 # Options beyond the bench, the scale and -k that a proof runs with.
 EXTRA = {"ignores_fading_light": ["--explore", "ci", "--explore-sequences", "60"]}
 
@@ -163,7 +168,8 @@ def test_the_defect_turns_its_verdict_red_and_nothing_else(tmp_path, defect, sui
     failed |= {f"test:{t['test'].split('::')[-1]}" for t in lines if t["type"] == "test" and t["outcome"] in
                ("failed", "error") and not any(m["test"] == t["test"] and m["verdict"] == "fail" for m in measurements)}
     assert red <= failed, f"{defect}: expected {sorted(red)} to turn red, red were {sorted(failed)}\n{output}"
-    assert failed <= red, f"{defect}: turned red beyond {sorted(red)}: {sorted(failed - red)}\n{output}"
+    assert failed <= red | MAY_TURN_RED.get(defect, set()), \
+        f"{defect}: turned red beyond {sorted(red)}: {sorted(failed - red)}\n{output}"
     assert proc.returncode == 1, output
     judged = [m for m in measurements if m["low"] is not None or m["high"] is not None]
     assert any(m["verdict"] != "fail" for m in judged), \
