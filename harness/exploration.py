@@ -64,7 +64,7 @@ PROFILES = {
     "bench": "a few at the bench's own speed (real time on a real bench): the default",
 }
 # sequences, most steps in one, shards
-_SIZES = {"ci": (320, 8, 1), "nightly": (4000, 12, 8), "bench": (5, 4, 1)}
+_SIZES = {"ci": (200, 8, 1), "nightly": (4000, 12, 8), "bench": (5, 4, 1)}
 
 
 def shards(name: str | None) -> int:
