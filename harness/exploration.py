@@ -278,6 +278,9 @@ class _Damage:
 
     faults: dict[str, list[Fault]] = field(default_factory=dict)  # host -> faults made on it
     fading: dict[tuple[str, str], float] = field(default_factory=dict)  # (host, nic) -> dB lost
+    # Hosts a controller took out on a guess (nothing showed which end of a link failed): out of
+    # the pool until the lab repairs them, as a controller may keep them.
+    suspects: set[str] = field(default_factory=set)
 
     def broken(self, host: str) -> bool:
         return bool(self.faults.get(host))
@@ -322,7 +325,7 @@ class Explorer:
         nothing broken, not behind a protected port."""
         out = []
         for host in self.bench.topology.hosts:
-            if host.name in self.ranks or self.model.broken(host.name):
+            if host.name in self.ranks or self.model.broken(host.name) or host.name in self.model.suspects:
                 continue
             if not (any(g.role == "spare" for g in host.gpus) or host.name in self.bench.job.ranks):
                 continue
@@ -511,6 +514,7 @@ class Explorer:
         return round(max(0.5, now - target), 1)
 
     def _repair(self, host: str) -> str:
+        self.model.suspects.discard(host)
         for fault in self.model.faults.pop(host, []):
             self.injector.repair(fault)
         for key in [k for k in self.model.fading if k[0] == host]:
@@ -565,6 +569,8 @@ class Explorer:
             self._reached(f"detected: {result.detection.kind}")
         if result.plan is not None and result.plan.fallback is not None:
             self._reached("a guess at which end failed")
+            if result.status == "recovered" and "retry" not in result.phases and result.plan.failed_host:
+                self.model.suspects.add(result.plan.failed_host)  # the guess stood
         if "retry" in result.phases:
             self._reached("a wrong guess, the other end tried")
         if result.status == "degraded":

@@ -82,10 +82,9 @@ class Planner:
             return Plan(None, None, ranks, ranks, diagnosis=f"the job exited on {detection.host} "
                         f"(return code {detection.detail.get('returncode')}); its GPU and links are healthy: restart in place")
         failed, other_end = self.diagnose(detection)
-        # Out first: a host taken out earlier on a guess about a link from this one is back in the pool.
-        self.spares.take_out(failed, f"{detection.kind} on {detection.host}")
         spare = self.spares.pick(ranks)
         if spare is None:
+            self.spares.take_out(failed, f"{detection.kind} on {detection.host}")
             guess = ""
             if other_end is not None and other_end in ranks:
                 self.spares.guessed[failed] = other_end
@@ -93,8 +92,8 @@ class Planner:
             return Plan(failed, None, ranks, [], diagnosis=f"{failed} failed ({detection.kind}){guess} and "
                         f"{self.spares.no_spare()}: the job cannot be recovered on this fabric (degraded)")
         plan = self.replacement(ranks, failed, spare, f"{detection.kind}")
+        self.spares.take_out(failed, f"{detection.kind} on {detection.host}")
         if other_end is not None and other_end in ranks:
-            self.spares.suspected[failed] = other_end  # cleared if the other end fails later
             plan.diagnosis += "; the receiving end was assumed (nothing shows which end of the link failed)"
             plan.fallback = self.replacement(ranks, other_end, spare, f"{detection.kind}, the sending end")
         return plan

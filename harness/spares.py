@@ -36,9 +36,6 @@ class SparePool:
         # link, tried in their place when the job resumes.
         self.guessed: dict[str, str] = {}
         self.recheck: set[str] = set()  # guessed hosts whose other end was repaired: check them
-        # Hosts taken out on a guess while a spare took their place: the other end of the link.
-        # When that other end is itself taken out (it failed after all), the guess is cleared.
-        self.suspected: dict[str, str] = {}
         self.passed_over: dict[str, str] = {}  # why each candidate spare was not taken, at the last pick
 
     # -- what a policy reads ---------------------------------------------------------------------
@@ -65,16 +62,10 @@ class SparePool:
 
     def take_out(self, host: str, why: str) -> None:
         self.out_of_service[host] = why
-        self.suspected.pop(host, None)
-        for guess, other in list(self.suspected.items()):
-            if other == host:  # the other end of a guess failed: the guessed host is back in the pool
-                del self.suspected[guess]
-                self.out_of_service.pop(guess, None)
 
     def return_to_service(self, host: str) -> None:
         self.out_of_service.pop(host, None)
         self.guessed.pop(host, None)
-        self.suspected.pop(host, None)
         for guess, other in list(self.guessed.items()):
             if other == host:  # the other end of a guess repaired: the guessed host may be healthy
                 del self.guessed[guess]
