@@ -147,6 +147,29 @@ def test_agent_that_dies_is_a_clear_error_or_is_started_again_for_a_read(session
     agent.close()
 
 
+def test_agent_whose_new_session_dies_at_once_is_a_clear_error_not_a_hang(session):
+    """What ssh does when the host's sshd is down: the session starts, then ends at once (exit
+    255). Starting it again must not start it again from inside its own start (a lock held)."""
+    agent = AgentClient("host3", session.backend.agent_argv("host3"))
+    agent.argv = [sys.executable, "-c", "import sys; sys.exit(255)"]
+    agent._proc.kill()
+    agent._proc.wait()
+    done: dict = {}
+
+    def read() -> None:
+        try:
+            agent.health()
+        except InstrumentError as exc:
+            done["error"] = str(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=20)
+    assert not reader.is_alive(), "the call hung"
+    assert "host3: 'health': the agent is not running" in done["error"] and "starting it again failed" in done["error"]
+    agent.close()
+
+
 def test_agent_that_cannot_start_is_a_clear_error():
     with pytest.raises(InstrumentError, match="host9: 'no-such-python -m lumion_hil.agent': cannot start"):
         AgentClient("host9", local_agent_argv("no-such-python"))

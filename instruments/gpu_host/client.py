@@ -88,7 +88,7 @@ class AgentClient(GpuHost):
                 return  # another caller already started a new one
             self._start()
             self.restarts += 1
-            self.clock = self.sync_clock()
+            self.clock = self.sync_clock(restart=False)  # a session that dies again is an error, not a loop
 
     def _decode(self, line: bytes) -> dict | None:
         """A reply line; a line that starts with the rest of a broken one is read from the first
@@ -190,13 +190,20 @@ class AgentClient(GpuHost):
 
     # -- clock ----------------------------------------------------------------------------------
 
-    def sync_clock(self, samples: int = 8) -> ClockMapping:
+    def sync_clock(self, samples: int = 8, restart: bool = True) -> ClockMapping:
         """Offset of the host's clock from the harness's, from the round trip with the least
         delay: the reply's clock was read between sending and receiving, so the midpoint is off
-        by at most half the round trip."""
+        by at most half the round trip. ``restart``: start a lost session again (not while
+        starting one)."""
         best = None
         for _ in range(samples):
-            _, agent_ns, sent, received = self.call_timed("clock")
+            if restart:
+                _, agent_ns, sent, received = self.call_timed("clock")
+            else:
+                try:
+                    _, agent_ns, sent, received = self._call_once("clock", None, {})
+                except _Gone as gone:
+                    raise gone.error from None
             rtt = received - sent
             if best is None or rtt < best[0]:
                 best = (rtt, agent_ns - (sent + received) // 2)
