@@ -43,13 +43,16 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import functools
 import ipaddress
 import json
 import os
+import queue
 import re
 import secrets
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -237,12 +240,12 @@ def _probe() -> tuple[bool, str]:
         return False, f"not root (uid {os.geteuid()}): {', '.join(missing)} missing"
     probe = f"lh-probe-{os.getpid()}"
     try:
-        _netns.create(probe)
+        _create_netns(probe)
     except Exception as e:
         return False, f"creating network namespace {probe} was refused ({e}); try `ip netns add test`"
     step = "netlink socket"
     try:
-        with IPRoute(netns=probe, flags=0) as ipr:
+        with _netlink_in(probe) as ipr:
             step = "veth"
             ipr.link("add", ifname="a", kind="veth", peer="b")
             step = "bridge"
@@ -360,6 +363,63 @@ def _kill_in(names: list[str], sig: int = signal.SIGKILL, wait_s: float = 2.0) -
     return sorted(signalled)
 
 
+class _OneThread:
+    """Runs calls in one daemon thread of its own: pyroute2 sets a socket up for each thread
+    that uses it (from its namespace or its file descriptor), which only works reliably in the
+    thread that made it, so every netlink call of a rack is made from its one thread."""
+
+    def __init__(self, name: str):
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, daemon=True, name=name)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            fn, box, done = self._calls.get()
+            try:
+                box.append((True, fn()))
+            except BaseException as exc:  # handed to the caller
+                box.append((False, exc))
+            done.set()
+
+    def call(self, fn: Callable[[], object]) -> object:
+        if threading.current_thread() is self._thread:
+            return fn()
+        box: list = []
+        done = threading.Event()
+        self._calls.put((fn, box, done))
+        done.wait()
+        ok, value = box[0]
+        if ok:
+            return value
+        raise value
+
+
+def _in_netlink_thread(method):
+    """The method runs in the rack's netlink thread (see _OneThread)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        return self._netlink.call(lambda: method(self, *args, **kwargs))
+    return wrapper
+
+
+def _create_netns(name: str) -> None:
+    """A named network namespace, made by ``ip netns add`` (a fork and exec). pyroute2's own
+    way forks this Python process, and a fork of a process whose other threads hold locks (the
+    harness's progress line, the emulators) can leave the child waiting on them for ever."""
+    done = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if done.returncode != 0 and not os.path.exists(f"{NETNS_DIR}/{name}"):
+        raise OSError(f"ip netns add {name}: {done.stderr.strip() or f'exit {done.returncode}'}")
+
+
+def _netlink_in(name: str) -> "IPRoute":
+    """A netlink socket in namespace ``name``, opened by a thread that moved there (setns is per
+    thread), so no process is forked (see _create_netns)."""
+    fd = _run_in_netns(name, lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM,
+                                                    socket.NETLINK_ROUTE).detach())
+    return IPRoute(fileno=fd)
+
+
 def _remove_netns(name: str) -> bool:
     """Unmount and remove a namespace's name; False if it had none."""
     path = f"{NETNS_DIR}/{name}"
@@ -435,8 +495,9 @@ class Rack:
     names it). ``build`` makes it (and repairs a half-built one), the run-time operations drive
     it (``set_carrier``, ``join``/``part``, ``set_uplink_mbit``, ``slow_mgmt``,
     ``kill_processes``), ``teardown`` removes every trace. Also a context manager (build on
-    enter, teardown on exit). One netlink socket per namespace stays open for the rack's life;
-    the run-time operations hold a lock, so threads may share a rack."""
+    enter, teardown on exit). One netlink socket per namespace stays open for the rack's life,
+    used from the rack's one netlink thread (every netlink call runs there), so threads may
+    share a rack."""
 
     def __init__(self, spec: RackSpec, prefix: str | None = None, state_dir: str = STATE_DIR):
         self.spec = spec
@@ -462,6 +523,7 @@ class Rack:
         self._cache: dict[str, dict] = {}  # links by namespace and name, during build
         self._sw_index: dict[str, int] = {}
         self._lock = threading.RLock()
+        self._netlink = _OneThread(f"rack {self.prefix} netlink")
         self._built = False
         self._atexit = False
 
@@ -527,6 +589,7 @@ class Rack:
 
     # -- build ----------------------------------------------------------------------------
 
+    @_in_netlink_thread
     def build(self) -> "Rack":
         """Make the rack, or complete and repair one half made (by this object or by a crashed
         owner under the same prefix): what exists is kept, what is missing is made, links of
@@ -558,12 +621,12 @@ class Rack:
         for name in self.namespaces:
             if name not in present:
                 try:
-                    _netns.create(name)
+                    _create_netns(name)
                 except OSError as e:
                     raise RackError(f"creating network namespace {name}: {e}") from e
         for name in self.namespaces:
             if name not in self._nl:
-                self._nl[name] = IPRoute(netns=name, flags=0)
+                self._nl[name] = _netlink_in(name)
         self._cache = {name: _links(self._nl[name]) for name in self.namespaces}
         for name in self.namespaces:
             self._nl[name].link("set", index=self._cache[name]["lo"]["index"], state="up")
@@ -802,6 +865,7 @@ class Rack:
 
     # -- run time -------------------------------------------------------------------------
 
+    @_in_netlink_thread
     def set_carrier(self, host: str, nic: str, up: bool) -> int:
         """Light on (up) or off at the NIC: the switch end's admin state, one netlink request;
         the host end's carrier follows at once. time.monotonic_ns() right after the kernel's
@@ -817,6 +881,7 @@ class Rack:
                                 f"(switch port {port}): {os.strerror(e.code)}") from e
             return time.monotonic_ns()
 
+    @_in_netlink_thread
     def carrier(self, host: str, nic: str) -> bool:
         """The host end's carrier as its kernel reports it (IFLA_CARRIER)."""
         _, _, n = self._nic((host, nic))
@@ -824,10 +889,13 @@ class Rack:
             link = self._sock(self.netns(host)).link("get", ifname=n.ifname)[0]
         return bool(link.get("carrier"))
 
+    @_in_netlink_thread
     def join(self, a: tuple[str, str], b: tuple[str, str]) -> None:
         """A circuit between two NICs: both switch ends into a bridge of their own (STP off,
         no forward delay: it forwards at once). Joining a joined pair does nothing; a NIC in
-        another circuit leaves it first (that circuit is parted)."""
+        another circuit leaves it first (that circuit is parted). A pair's bridge is kept once
+        made (deleting a bridge costs the kernel tens of milliseconds; taking its ports out,
+        one): joined again, it is used again."""
         pa, pb = self._circuit_ports(a, b)
         with self._lock:
             ipr = self._sock(self.sw_netns)
@@ -836,14 +904,15 @@ class Rack:
                 return
             name = "c" + "-".join(sorted((pa, pb)))
             try:
-                for master in {ma, mb} - {None}:
-                    _del_link(ipr, master)
-                try:  # a stale bridge of that name
-                    _del_link(ipr, ipr.link("get", ifname=name)[0]["index"])
+                for port, master in ((pa, ma), (pb, mb)):
+                    if master:
+                        ipr.link("set", index=self._sw_index[port], master=0)
+                try:
+                    br = ipr.link("get", ifname=name)[0]["index"]
                 except NetlinkError as e:
                     if e.code != errno.ENODEV:
                         raise
-                br = _add_bridge(ipr, name, _circuit_index(self._sw_index[pa], self._sw_index[pb]), self.sw_netns)
+                    br = _add_bridge(ipr, name, _circuit_index(self._sw_index[pa], self._sw_index[pb]), self.sw_netns)
                 ipr.link("set", index=self._sw_index[pa], master=br)
                 ipr.link("set", index=self._sw_index[pb], master=br)
                 ipr.link("set", index=br, state="up")
@@ -851,18 +920,22 @@ class Rack:
                 raise RackError(f"join {a[0]}/{a[1]} - {b[0]}/{b[1]} (bridge {name} in {self.sw_netns}): "
                                 f"{os.strerror(e.code)}") from e
 
+    @_in_netlink_thread
     def part(self, a: tuple[str, str], b: tuple[str, str]) -> None:
-        """Remove the circuit between two NICs (its bridge); nothing if they are not joined."""
+        """Remove the circuit between two NICs (their ports leave its bridge); nothing if they
+        are not joined."""
         pa, pb = self._circuit_ports(a, b)
         with self._lock:
             ipr = self._sock(self.sw_netns)
             ma, mb = (self._master(ipr, p) for p in (pa, pb))
             if ma and ma == mb:
                 try:
-                    _del_link(ipr, ma)
+                    for port in (pa, pb):
+                        ipr.link("set", index=self._sw_index[port], master=0)
                 except NetlinkError as e:
                     raise RackError(f"part {a[0]}/{a[1]} - {b[0]}/{b[1]}: {os.strerror(e.code)}") from e
 
+    @_in_netlink_thread
     def joined(self) -> set[frozenset]:
         """The circuits now, read back from the kernel: {frozenset({(host, nic), (host, nic)})}."""
         with self._lock:
@@ -884,6 +957,7 @@ class Rack:
             raise ValueError(f"a circuit joins two NICs, not {a[0]}/{a[1]} to itself")
         return self._port_of[tuple(a)], self._port_of[tuple(b)]
 
+    @_in_netlink_thread
     def set_uplink_mbit(self, mbit: float | dict[str, float] | None) -> None:
         """Reshape the racks' uplinks (both directions) to ``mbit``: one rate for every rack, or
         rack -> rate (None, or a rack not named: unshaped)."""
@@ -897,6 +971,7 @@ class Rack:
             self._shape_uplinks(mbit)
             self.uplink_mbit = mbit
 
+    @_in_netlink_thread
     def slow_mgmt(self, host: str, rate_kbit: float | None, queue_s: float = 2.0) -> None:
         """Shape the host's management link both ways to ``rate_kbit`` with room for
         ``queue_s`` of queue, so what it sends waits rather than drops: the queue's latency
@@ -934,6 +1009,7 @@ class Rack:
 
     # -- teardown -------------------------------------------------------------------------
 
+    @_in_netlink_thread
     def teardown(self) -> None:
         """Kill the processes in the rack's namespaces, delete its namespaces and its root link,
         remove its state file. Safe to call twice, and on a rack never built."""
