@@ -11,7 +11,9 @@ The emulated bench puts one executable per collective on the emulated hosts' PAT
 
 Output follows nccl-tests 2.17 (src/common.cu, src/util.cu): the version line, "Collective
 test starting", the parameters line, the devices, the column header and units row, one row per
-size, "Out of bounds values", "Avg bus bandwidth", "Collective test concluded"."""
+size, "Out of bounds values", "Avg bus bandwidth", "Collective test concluded". That formatting
+(:class:`Report`) and the flags are shared with lumion-hil's real ring over sockets
+(ring_perf.py)."""
 
 from __future__ import annotations
 
@@ -44,8 +46,10 @@ def _size(text: str) -> int:
     return int(text)
 
 
-def parser_for(program: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=program, description=f"emulated {program} (nccl-tests)")
+def parser_for(program: str, *, emulated: bool = True) -> argparse.ArgumentParser:
+    """nccl-tests' flags (src/common.cu); ``emulated`` adds the world's address (required)."""
+    kind = "emulated" if emulated else "lumion-hil ring"
+    p = argparse.ArgumentParser(prog=program, description=f"{kind} {program} (nccl-tests)")
     p.add_argument("-t", "--nthreads", type=int, default=1)
     p.add_argument("-g", "--ngpus", type=int, default=1)
     p.add_argument("-b", "--minbytes", type=_size, default=32 << 20)
@@ -64,9 +68,15 @@ def parser_for(program: str) -> argparse.ArgumentParser:
     p.add_argument("-G", "--cudagraph", type=int, default=0)
     p.add_argument("-p", "--parallel_init", type=int, default=0)
     p.add_argument("-J", "--output_file", default=None, help="also write the results as JSON to this file")
-    p.add_argument("--world", required=True, help=argparse.SUPPRESS)
+    if emulated:
+        p.add_argument("--world", required=True, help=argparse.SUPPRESS)
     p.add_argument("--program", default=program, help=argparse.SUPPRESS)
     return p
+
+
+def program_name(argv: list[str], default: str = "all_reduce_perf") -> str:
+    """The program a run stands for: ``--program NAME`` where given, else ``default``."""
+    return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--program"), default)
 
 
 def sizes(args) -> list[int]:
@@ -83,9 +93,98 @@ def _time_text(us: float) -> str:
     return f"{us:7.0f}" if us >= 10000 else f"{us:7.1f}" if us >= 100 else f"{us:7.2f}"
 
 
+def device_line(rank: int, pid: int, host: str, index: int, name: str, hex_id: str = "0x17") -> str:
+    """One "# Using devices" line."""
+    return f"#  Rank {rank:2d} Group  0 Pid {pid:6d} on {host:>10s} device {index:2d} [{hex_id}] {name}"
+
+
+class Report:
+    """One run's output as nccl-tests 2.17 prints it (src/common.cu, src/util.cu): the header,
+    one row per size (out of place, then in place), the footer, and the JSON of ``-J``. Shared
+    by the emulated programs and lumion-hil's ring (ring_perf.py); ``build`` says which in the
+    version line."""
+
+    def __init__(self, program: str, args, nranks: int, build: str, nccl_version: int = 22807):
+        self.program, self.args, self.nranks, self.build, self.nccl_version = program, args, nranks, build, nccl_version
+        self.collective = PROGRAMS[program]
+        self.redop = args.op if self.collective in ("all_reduce", "reduce_scatter", "reduce") else "none"
+        self.root = args.root if self.collective in ("broadcast", "reduce") else -1
+        self.results: list[dict] = []
+        self.busbws: list[float] = []
+        self.wrong_total = 0
+
+    def shape(self, size: int) -> tuple[int, int]:
+        """(count, bytes) of the row for ``size``: nccl-tests counts one rank's share for the
+        collectives whose buffers differ in size between input and output."""
+        word = _TYPES[self.args.datatype]
+        if self.collective in ("all_gather", "reduce_scatter", "alltoall"):
+            count = size // word // self.nranks
+            return count, count * word * self.nranks
+        count = size // word
+        return count, count * word
+
+    def header(self, device_lines: list[str]) -> str:
+        args = self.args
+        step = args.stepfactor if args.stepfactor > 1 else args.stepbytes
+        out = [f"# nccl-tests version 2.17.6 nccl-headers=22807 nccl-library={self.nccl_version} ({self.build})",
+               f"# Collective test starting: {self.program}",
+               f"# nThread {args.nthreads} nGpus {args.ngpus} minBytes {args.minbytes} maxBytes {args.maxbytes} "
+               f"step: {step}({'factor' if args.stepfactor > 1 else 'bytes'}) warmup iters: {args.warmup_iters} "
+               f"iters: {args.iters} agg iters: {args.agg_iters} validation: {1 if args.check else 0} "
+               f"graph: {args.cudagraph}",
+               "#", "# Using devices", *device_lines]
+        out += ["#", f"# {'':10s}  {'':12s}  {'':8s}  {'':6s}  {'':6s}           out-of-place                       in-place          ",
+                f"# {'size':>10s}  {'count':>12s}  {'type':>8s}  {'redop':>6s}  {'root':>6s}  {'time':>7s}  {'algbw':>6s}  "
+                f"{'busbw':>6s}  {'#wrong':>6s}  {'time':>7s}  {'algbw':>6s}  {'busbw':>6s}  {'#wrong':>6s}",
+                f"# {'(B)':>10s}  {'(elements)':>12s}  {'':>8s}  {'':>6s}  {'':>6s}  {'(us)':>7s}  {'(GB/s)':>6s}  "
+                f"{'(GB/s)':>6s}  {'':>6s}  {'(us)':>7s}  {'(GB/s)':>6s}  {'(GB/s)':>6s}  {'':>6s}"]
+        return "\n".join(out)
+
+    def row(self, nbytes: int, count: int, places: list[tuple[float, int | None]]) -> str:
+        """The row for one size from (seconds per operation, wrong elements or None when not
+        checked) out of place and in place; algbw = bytes / time, busbw = algbw x bus_factor."""
+        row = {"size": nbytes, "count": count, "type": self.args.datatype, "redop": self.redop,
+               "root": f"{self.root:6d}"}
+        line = f"{nbytes:12d}  {count:12d}  {self.args.datatype:>8s}  {self.redop:>6s}  {self.root:6d}"
+        for place, (seconds, wrong) in zip(("out_of_place", "in_place"), places):
+            algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
+            busbw = algbw * bus_factor(self.collective, self.nranks)
+            self.wrong_total += wrong or 0
+            line += f"  {_time_text(seconds * 1e6)}  {algbw:6.2f}  {busbw:6.2f}  " + (f"{wrong:6d}" if wrong is not None else "   N/A")
+            row[place] = {"time": seconds * 1e6, "alg_bw": algbw, "bus_bw": busbw, "nwrong": wrong,
+                          "side_comp_bw": None, "estimated_time": None}
+            self.busbws.append(busbw)
+        self.results.append(row)
+        return line
+
+    @property
+    def average_busbw(self) -> float:
+        return sum(self.busbws) / len(self.busbws) if self.busbws else 0.0
+
+    def footer(self) -> str:
+        return "\n".join([f"# Out of bounds values : {self.wrong_total} {'FAILED' if self.wrong_total else 'OK'}",
+                          f"# Avg bus bandwidth    : {self.average_busbw:g} ",
+                          "#",
+                          f"# Collective test concluded: {self.program}",
+                          "#"])
+
+    def document(self, argv: list[str], devices: list[dict]) -> dict:
+        """What ``-J FILE`` writes; ``devices`` as its config lists them (rank, hostname, ...)."""
+        args = self.args
+        return {"args": [self.program, *argv], "nccl_version": self.nccl_version,
+                "config": {"nthreads": args.nthreads, "ngpus": args.ngpus, "minimum_bytes": args.minbytes,
+                           "maximum_bytes": args.maxbytes, "step_factor": args.stepfactor,
+                           "warmup_iters": args.warmup_iters, "iterations": args.iters,
+                           "aggregated_iterations": args.agg_iters, "validation": 1 if args.check else 0,
+                           "graph": args.cudagraph, "blocking_collectives": bool(args.blocking),
+                           "parallel_init": bool(args.parallel_init), "devices": devices},
+                "results": self.results, "out_of_bounds": {"count": self.wrong_total, "okay": self.wrong_total == 0},
+                "average_bus_bandwidith": {"bandwidith": self.average_busbw, "okay": "unchecked"}, "errors": []}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    program = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--program"), "all_reduce_perf")
+    program = program_name(argv)
     if program not in PROGRAMS:
         print(f"{program}: no such emulated nccl-tests program; known: {', '.join(PROGRAMS)}", file=sys.stderr)
         return 2
@@ -104,41 +203,19 @@ def main(argv: list[str] | None = None) -> int:
     world = WorldClient(args.world)
     ifname = os.environ.get("NCCL_SOCKET_IFNAME")
     rng = random.Random(int(os.environ.get("LUMION_HIL_SEED", "1")) + len(ranks))
-    word = _TYPES[args.datatype]
-    reduction = collective in ("all_reduce", "reduce_scatter", "reduce")
-    rooted = collective in ("broadcast", "reduce")
-    root = args.root if rooted else -1
-    n = len(ranks)
+    report = Report(program, args, len(ranks), "emulated by lumion-hil")
 
-    out = [f"# nccl-tests version 2.17.6 nccl-headers=22807 nccl-library=22807 (emulated by lumion-hil)",
-           f"# Collective test starting: {program}",
-           f"# nThread {args.nthreads} nGpus {args.ngpus} minBytes {args.minbytes} maxBytes {args.maxbytes} "
-           f"step: {args.stepfactor if args.stepfactor > 1 else args.stepbytes}"
-           f"({'factor' if args.stepfactor > 1 else 'bytes'}) warmup iters: {args.warmup_iters} iters: {args.iters} "
-           f"agg iters: {args.agg_iters} validation: {1 if args.check else 0} graph: {args.cudagraph}",
-           "#", "# Using devices"]
     gpus = {h: world.call("gpus", host=h) for h in set(ranks)}
+    lines = []
     for rank, host in enumerate(ranks):
         gpu = (gpus.get(host) or [{"name": "emulated GPU", "index": 0}])[0]
-        out.append(f"#  Rank {rank:2d} Group  0 Pid {os.getpid():6d} on {host:>10s} device {gpu['index']:2d} "
-                   f"[0x17] {gpu['name']}")
-    out += ["#", f"# {'':10s}  {'':12s}  {'':8s}  {'':6s}  {'':6s}           out-of-place                       in-place          ",
-            f"# {'size':>10s}  {'count':>12s}  {'type':>8s}  {'redop':>6s}  {'root':>6s}  {'time':>7s}  {'algbw':>6s}  "
-            f"{'busbw':>6s}  {'#wrong':>6s}  {'time':>7s}  {'algbw':>6s}  {'busbw':>6s}  {'#wrong':>6s}",
-            f"# {'(B)':>10s}  {'(elements)':>12s}  {'':>8s}  {'':>6s}  {'':>6s}  {'(us)':>7s}  {'(GB/s)':>6s}  "
-            f"{'(GB/s)':>6s}  {'':>6s}  {'(us)':>7s}  {'(GB/s)':>6s}  {'(GB/s)':>6s}  {'':>6s}"]
-    print("\n".join(out), flush=True)
+        lines.append(device_line(rank, os.getpid(), host, gpu["index"], gpu["name"]))
+    print(report.header(lines), flush=True)
 
-    results, busbws, wrong_total = [], [], 0
     for size in sizes(args):
-        count = size // word
-        if collective in ("all_gather", "reduce_scatter", "alltoall"):
-            count = size // word // n  # nccl-tests counts one rank's share for these
-        nbytes = count * word * (n if collective in ("all_gather", "reduce_scatter", "alltoall") else 1)
-        row = {"size": nbytes, "count": count, "type": args.datatype, "redop": args.op if reduction else "none",
-               "root": f"{root:6d}"}
-        line = f"{nbytes:12d}  {count:12d}  {args.datatype:>8s}  {row['redop']:>6s}  {root:6d}"
-        for place in ("out_of_place", "in_place"):
+        count, nbytes = report.shape(size)
+        places = []
+        for _place in ("out_of_place", "in_place"):
             while True:
                 cost = world.call("collective", collective=collective, ranks=ranks, size_bytes=nbytes, socket_ifname=ifname)
                 if cost["time_s"] is not None:
@@ -148,38 +225,14 @@ def main(argv: list[str] | None = None) -> int:
                 world.call("wait_change", timeout_s=1.0)  # NCCL waits on a peer that does not answer
             time.sleep(cost["time_s"] * (args.warmup_iters + args.iters) * args.agg_iters)  # at the time scale
             seconds = cost["physical_s"] * max(0.2, 1 + rng.gauss(0.0, NOISE))  # reported as the real fabric's
-            algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
-            busbw = algbw * bus_factor(collective, n)
-            wrong = (count if cost.get("corrupt") else 0) if args.check else None
-            wrong_total += wrong or 0
-            line += f"  {_time_text(seconds * 1e6)}  {algbw:6.2f}  {busbw:6.2f}  " + (f"{wrong:6d}" if wrong is not None else "   N/A")
-            row[place] = {"time": seconds * 1e6, "alg_bw": algbw, "bus_bw": busbw, "nwrong": wrong,
-                          "side_comp_bw": None, "estimated_time": None}
-            busbws.append(busbw)
-        print(line, flush=True)
-        results.append(row)
-    average = sum(busbws) / len(busbws) if busbws else 0.0
-    print(f"# Out of bounds values : {wrong_total} {'FAILED' if wrong_total else 'OK'}")
-    print(f"# Avg bus bandwidth    : {average:g} ")
-    print("#")
-    print(f"# Collective test concluded: {program}")
-    print("#", flush=True)
+            places.append((seconds, (count if cost.get("corrupt") else 0) if args.check else None))
+        print(report.row(nbytes, count, places), flush=True)
+    print(report.footer(), flush=True)
     if args.output_file:
-        document = {"args": [program, *argv], "nccl_version": 22807,
-                    "config": {"nthreads": args.nthreads, "ngpus": args.ngpus, "minimum_bytes": args.minbytes,
-                               "maximum_bytes": args.maxbytes, "step_factor": args.stepfactor,
-                               "warmup_iters": args.warmup_iters, "iterations": args.iters,
-                               "aggregated_iterations": args.agg_iters, "validation": 1 if args.check else 0,
-                               "graph": args.cudagraph, "blocking_collectives": bool(args.blocking),
-                               "parallel_init": bool(args.parallel_init),
-                               "devices": [{"rank": r, "group": 0, "pid": os.getpid(), "hostname": h,
-                                            "device": 0, "device_hex": "0x17",
-                                            "device_info": (gpus.get(h) or [{"name": ""}])[0]["name"]}
-                                           for r, h in enumerate(ranks)]},
-                    "results": results, "out_of_bounds": {"count": wrong_total, "okay": wrong_total == 0},
-                    "average_bus_bandwidith": {"bandwidith": average, "okay": "unchecked"}, "errors": []}
-        Path(args.output_file).write_text(json.dumps(document), encoding="utf-8")
-    return 1 if wrong_total else 0
+        devices = [{"rank": r, "group": 0, "pid": os.getpid(), "hostname": h, "device": 0, "device_hex": "0x17",
+                    "device_info": (gpus.get(h) or [{"name": ""}])[0]["name"]} for r, h in enumerate(ranks)]
+        Path(args.output_file).write_text(json.dumps(report.document(argv, devices)), encoding="utf-8")
+    return 1 if report.wrong_total else 0
 
 
 def install(folder: Path, world_address: str) -> Path:
