@@ -152,3 +152,24 @@ def test_cli_prints_json_and_names_broken_files():
     bad = subprocess.run([sys.executable, "-m", "lumion_hil", "nccl", "parse", str(OUT / "broken-truncated.txt")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "broken-truncated.txt:3: expected 13 columns" in bad.stderr
+
+
+def test_bandwidths_below_1_gbs_are_taken_from_the_time_column():
+    """Two decimals of GB/s are one significant digit on a shaped fabric (0.02 for both 0.0235
+    and 0.0165 GB/s); the time column keeps the figure, and agrees with what was printed."""
+    head = ["# nccl-tests version 2.17.6 nccl-headers=22807 nccl-library=0",
+            "# Collective test starting: all_reduce_perf", "#", "# Using devices"]
+    head += [f"#  Rank {r:2d} Group  0 Pid   3358 on         h{r} device  0 [0x00] socket ring" for r in range(3)]
+    head += ["#", "#                                                              out-of-place                       in-place",
+             "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
+             "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)"]
+    rows = ["     4194304       1048576     float     sum      -1   238133    0.02    0.02       0   254000    0.02    0.02       0",
+            "   268435456      67108864     float     sum      -1    11500   23.34   31.12       0    11510   23.32   31.09       0",
+            "     4194304       1048576     float     sum      -1   238133    0.05    0.05       0   238133    0.02    0.02       0"]
+    result = parse("\n".join(head + rows + ["# Avg bus bandwidth    : 0.02 ", "#"]))
+    small, large, disagrees = result.rows
+    assert small.out_of_place.busbw_gbps == pytest.approx(4194304 / 238133e-6 / 1e9 * 4 / 3)  # 0.02348...
+    assert small.in_place.busbw_gbps == pytest.approx(4194304 / 254000e-6 / 1e9 * 4 / 3)
+    assert small.out_of_place.busbw_gbps / small.in_place.busbw_gbps == pytest.approx(254000 / 238133)
+    assert large.out_of_place.busbw_gbps == 31.12  # three or more digits printed: as printed
+    assert disagrees.out_of_place.busbw_gbps == 0.05  # a time that does not give what was printed: as printed

@@ -139,6 +139,8 @@ class _Run:
     def result(self) -> NcclResult:
         if not self.rows:
             raise NcclParseError(self.source, "no result rows under the column header", self.header_at)
+        if self.collective and self.devices:
+            _refine(self.rows, bus_bandwidth_factor(self.collective, len(self.devices)))
         return NcclResult(self.rows, self.avg, self.oob, self.unit or "us", "text", self.devices, self.collective,
                           self.launcher, self.header_at)
 
@@ -295,6 +297,20 @@ def _json_perf(p: dict | None) -> Perf | None:
     time = p.get("time", p.get("cpu_time"))
     wrong = p.get("nwrong")
     return Perf(float(time), float(p["alg_bw"]), float(p["bus_bw"]), None if wrong is None else int(wrong))
+
+
+def _refine(rows: list[Row], factor: float) -> None:
+    """nccl-tests prints GB/s with two decimals: below 1 GB/s (a slow or shaped fabric) that is
+    one or two significant digits, while the time column, from which it computed them, keeps
+    more. There the bandwidths are taken from the time, where they agree with what was printed
+    (to its rounding)."""
+    for row in rows:
+        for perf in (row.out_of_place, row.in_place):
+            if perf is None or perf.time_us <= 0 or perf.busbw_gbps >= 1.0:
+                continue
+            algbw = row.size_bytes / perf.time_us / 1e3
+            if abs(algbw - perf.algbw_gbps) <= 0.0051 and abs(algbw * factor - perf.busbw_gbps) <= 0.0051:
+                perf.algbw_gbps, perf.busbw_gbps = algbw, algbw * factor
 
 
 def bus_bandwidth_factor(collective: str, ranks: int) -> float:
