@@ -10,7 +10,7 @@ from lumion_hil.instruments.backend import BenchBackend
 
 def backend_name(bench) -> str:
     """A name registered under the lumion_hil.backends entry points (the project's own:
-    emulated, served, real; see pyproject.toml), or module:factory."""
+    emulated, served, netns, real; see pyproject.toml), or module:factory."""
     if bench.backend:
         return bench.backend
     if bench.any_emulated:

@@ -390,6 +390,19 @@ class NcclTests(_Model):
     timeout_s: PositiveFloat = 300.0
 
 
+class NetnsSettings(_Model):
+    """The namespaced bench (``backend: netns``, the rack in a box): each host a network
+    namespace on this machine reached through its own sshd, each optical NIC a veth whose
+    carrier the world's light drives, circuits as bridges, the electrical rack a bridge per rack
+    joined through shaped uplinks, and the job a real program exchanging real bytes."""
+
+    rate_scale: float = Field(0.01, gt=0, le=1, description="every line rate is shaped to this fraction of the "
+                              "bench file's (0.01: 10 Gb/s -> 100 Mb/s), so that real bytes through sockets on one "
+                              "machine keep up; the job's gradients are scaled the same, so a step lasts what the "
+                              "bench file's rates say")
+    user: str = Field("root", description="the user the harness logs in as on each host's sshd")
+
+
 class RecoverySettings(_Model):
     controller: str = Field("lumion_hil.harness.controller:ReferenceController",
                             description="the recovery controller under test: module:factory, or a name registered "
@@ -411,7 +424,7 @@ class Bench(_Model):
     description: str = ""
     emulator: EmulatorSettings = EmulatorSettings()
     backend: str | None = Field(None, description="the bench backend: module:factory, or a name registered under the "
-                                "lumion_hil.backends entry points (emulated, served, real); default: from the bench "
+                                "lumion_hil.backends entry points (emulated, served, netns, real); default: from the bench "
                                 "(emulated instruments: emulated; hosts at world:HOST:PORT: served; else real)")
     instruments: dict[str, Instrument] = Field(min_length=1)
     topology: Topology
@@ -426,6 +439,7 @@ class Bench(_Model):
     electrical: ElectricalRack | None = None
     collectives: CollectiveSettings = CollectiveSettings()
     nccl_tests: NcclTests = NcclTests()
+    netns: NetnsSettings = NetnsSettings()
 
     # -- derived views -----------------------------------------------------------------------
 

@@ -47,10 +47,13 @@ class Spec:
     category: str = ""  # what a failure means; see ``cause``
     software: bool = False  # the figure is software time or the harness's own error: measured on any bench
     better: str | None = None  # "higher" or "lower": a recorded figure's good direction, for night-to-night regressions
+    traffic: bool = False  # bytes moved over a fabric (nccl-tests): measured on a bench that moves real bytes
 
-    def basis(self, emulated: bool) -> Basis:
-        """Measured on a real bench; on an emulated one, a figure its physics decides is a model."""
-        if not emulated or self.software or self.category == "controller error":
+    def basis(self, emulated: bool, real_traffic: bool = False) -> Basis:
+        """Measured on a real bench; on an emulated one, a figure its physics decides is a model,
+        but for the bytes moved over its fabric where it moves real ones (``real_traffic``: the
+        namespaced bench's real sockets, queues and shaped links)."""
+        if not emulated or self.software or self.category == "controller error" or (self.traffic and real_traffic):
             return Basis.MEASURED
         return Basis.MODEL if self.unit in _PHYSICS_UNITS else Basis.MEASURED
 

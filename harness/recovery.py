@@ -258,9 +258,7 @@ def migrate_to_reserved_rack(session, ranks: list[str]) -> dict:
 
     world = session.world
     reserved = [f"reserved-{i}" for i in range(len(ranks))]
-    argv = session.backend.job_argv(session.bench.job, reserved) if world is not None else None
-    if argv is not None:
-        argv.append("--all-ranks-here")  # one process for the reserved rack, which has no agents
+    argv = session.backend.reserved_rack_job_argv(session.bench.job, reserved) if world is not None else None
     if argv is None:
         raise ValueError("the migration baseline runs on an emulated bench (a reserved rack is not on a real one)")
     settings = session.bench.recovery.migration

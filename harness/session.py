@@ -134,8 +134,7 @@ class BenchSession:
 
         def start(rank: int, host_name: str) -> None:
             fields = {"rank": rank, "world_size": len(ranks), "gpu": 0, "master_port": job.master_port,
-                      "master_addr": "127.0.0.1" if self.backend.local_address(master)
-                           else master.address.split("@")[-1],
+                      "master_addr": self.backend.master_address(master),
                       "heartbeat": f"{job.heartbeat_dir}/rank{rank}.jsonl"}
             started[host_name] = self.hosts[host_name].start_job(command, fields, self.fabric_env(host_name, fabric))
 

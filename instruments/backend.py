@@ -94,6 +94,9 @@ class BenchBackend(abc.ABC):
 
     #: "emulated" (an in-process world), "served" (a world served elsewhere), "real"
     kind: str = "real"
+    #: real bytes cross its fabric (a real bench; the namespaced bench's sockets and shaped links):
+    #: what nccl-tests reports there is measured, even where the rest is emulated
+    real_traffic: bool = True
 
     def __init__(self, bench: Any):
         self.bench = bench
@@ -119,6 +122,11 @@ class BenchBackend(abc.ABC):
         """The job's command template on this backend; None: the bench file's ``job.command``."""
         return None
 
+    def reserved_rack_job_argv(self, job: Any, ranks: list[str]) -> list[str] | None:
+        """The job on the migration baseline's reserved rack (a rack outside the fabric, one
+        process for all its ranks); None: this bench has no such rack (a real one)."""
+        return None
+
     def nccl_tests_folder(self, host: Any) -> str | None:
         """Where nccl-tests' programs are for ``host``; None: the bench file's ``nccl_tests.path``."""
         return None
@@ -126,6 +134,10 @@ class BenchBackend(abc.ABC):
     def local_address(self, host: Any) -> bool:
         """Whether ``host`` runs on this machine (its job's master address is the loopback)."""
         return host.address == "local"
+
+    def master_address(self, host: Any) -> str:
+        """The address the job's other ranks reach rank 0's host at (its rendezvous)."""
+        return "127.0.0.1" if self.local_address(host) else host.address.split("@")[-1]
 
     def can_inject(self, kind: str) -> tuple[bool, str]:
         """Whether this backend makes faults of ``kind``, and how (or why not)."""

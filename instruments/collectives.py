@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterable
+from typing import Callable, Hashable, Iterable, Mapping
 
 BUS_FACTORS = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -170,21 +170,31 @@ def collective_cost(collective: str, ranks: list[str], size_bytes: int, fabric: 
 
 
 def rack_fabric(hosts: Iterable[str], nic_gbps: float, hop_latency_us: float, oversubscription: float,
-                rack_of: Callable[[str], str]) -> Fabric:
+                rack_of: Callable[[str], str], uplink_gbps: Mapping[str, float] | None = None) -> Fabric:
     """An electrical rack network: each server's NIC to its rack's packet switch; traffic to
     another rack crosses the rack's uplink, which under load gives each server
-    1/oversubscription of its NIC rate each way (assumption: every server of the rack is busy)."""
+    1/oversubscription of its NIC rate each way (assumption: every server of the rack is busy).
+    With ``uplink_gbps`` (rack -> rate), each rack's uplink is one link that every flow leaving
+    or entering the rack shares, as on a rack built of bridges and shaped links."""
+    hosts = list(hosts)
     share = nic_gbps / oversubscription
     links: dict = {}
     for host in hosts:
         links[("nic-tx", host)] = Link(nic_gbps, hop_latency_us)
         links[("nic-rx", host)] = Link(nic_gbps, 0.0)
-        links[("uplink", host)] = Link(share, hop_latency_us)  # its share of the rack's uplink to the spine
-        links[("downlink", host)] = Link(share, hop_latency_us)
+        if uplink_gbps is None:
+            links[("uplink", host)] = Link(share, hop_latency_us)  # its share of the rack's uplink to the spine
+            links[("downlink", host)] = Link(share, hop_latency_us)
+    for rack, rate in (uplink_gbps or {}).items():
+        links[("uplink", rack)] = Link(rate, hop_latency_us)
+        links[("downlink", rack)] = Link(rate, hop_latency_us)
+
+    def via(host: str) -> str:
+        return host if uplink_gbps is None else rack_of(host)
 
     def route(a: str, b: str):
         if rack_of(a) == rack_of(b):
             return (("nic-tx", a), ("nic-rx", b))
-        return (("nic-tx", a), ("uplink", a), ("downlink", b), ("nic-rx", b))
+        return (("nic-tx", a), ("uplink", via(a)), ("downlink", via(b)), ("nic-rx", b))
 
     return Fabric(links, route)

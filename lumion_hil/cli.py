@@ -433,6 +433,18 @@ def bench_restore(bench_path: Path) -> None:
     from lumion_hil.harness.session import BenchSession
 
     bench = _load_or_exit(bench_path, None)
+    from lumion_hil.harness.backends import backend_name
+
+    if backend_name(bench) == "netns":  # the rack in a box: what a run killed outright left behind
+        from lumion_hil.instruments.emulators.rack import Rack
+
+        removed = Rack.clean_up_stale()
+        click.echo(f"bench {bench.name!r}: " + (f"removed {', '.join(removed)}" if removed
+                                                else "no rack left behind by a run that ended without tearing it down"))
+        left = Rack.leftovers()
+        if any(left.values()):
+            click.echo(f"lumion-hil: still on this machine (racks of runs still going?): {left}", err=True)
+        return
     if bench.all_emulated:
         raise click.ClickException(f"bench {bench.name!r} is emulated in-process: there is nothing to restore")
     try:

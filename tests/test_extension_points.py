@@ -27,7 +27,7 @@ def test_plug_ins_by_entry_point_by_dotted_path_and_by_their_old_names():
     assert load_object("harness.controller:ReferenceController", CONTROLLERS, "x") is ReferenceController
     assert load_object("real", BACKENDS, "backend") is BenchBackend
     with pytest.raises(PluginError, match=r"backend 'rael': no entry point of that name in lumion_hil.backends "
-                                          r"\(known: emulated, real, served"):
+                                          r"\(known: emulated, netns, real, served"):
         load_object("rael", BACKENDS, "backend")
     with pytest.raises(PluginError, match="cannot load it"):
         load_object("no_such_module:thing", BACKENDS, "backend")

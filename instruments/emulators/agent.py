@@ -1,6 +1,7 @@
 """The agent of an emulated GPU host: the real agent program (instruments/gpu_host/agent.py)
 with NVML, links and job served by the emulated world, and the faults an emulated host can be
-made to show (instruments/backend.py AGENT_FAULTS).
+made to show (instruments/backend.py AGENT_FAULTS). On the namespaced bench (``--links sysfs``)
+its links are the host's own, read from /sys/class/net and woken by netlink, as on a real host.
 
     python -m lumion_hil.instruments.emulators.agent --world 127.0.0.1:PORT --host host1 --interfaces p0=p0,p1=p1
 """
@@ -13,6 +14,7 @@ from lumion_hil.instruments.emulators.nvml import FakeNvml
 from lumion_hil.instruments.emulators.world_client import WorldClient
 from lumion_hil.instruments.gpu_host.agent import Agent, clock_with_offset, parser as agent_parser
 from lumion_hil.instruments.gpu_host.jobs import JobControl
+from lumion_hil.instruments.gpu_host.links import SysfsLinks
 from lumion_hil.instruments.gpu_host.nvml_backend import NvmlGpus
 
 
@@ -24,6 +26,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--interfaces", default="", help="interface=nic,... pairs")
     parser.add_argument("--notify-latency-s", type=float, default=0.0,
                         help="how late the kernel tells the agent of a link change (a defect)")
+    parser.add_argument("--links", choices=("world", "sysfs"), default="world",
+                        help="where link state comes from: the world's model (default), or this host's own "
+                             "/sys/class/net and netlink, as on a real host (the namespaced bench)")
     parser.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]",
                         help="start with this fault on (" + ", ".join(AGENT_FAULTS) + ")")
     args = parser.parse_args(argv)
@@ -40,8 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     clock_ns = clock_with_offset(offset)
     world = WorldClient(args.world)
     interfaces = dict(pair.split("=", 1) for pair in args.interfaces.split(",") if pair)
-    Agent(NvmlGpus(FakeNvml(world, args.host), clock_ns),
-          WorldLinks(world, args.host, interfaces, clock_ns, args.notify_latency_s),
+    links = (SysfsLinks(args.sysfs, clock_ns) if args.links == "sysfs"
+             else WorldLinks(world, args.host, interfaces, clock_ns, args.notify_latency_s))
+    Agent(NvmlGpus(FakeNvml(world, args.host), clock_ns), links,
           JobControl(args.log_dir, clock_ns, offset, read_latency_s=args.notify_latency_s), clock_ns,
           "emulated", faults).serve()
 

@@ -26,6 +26,9 @@ class EmulatedBench(BenchBackend):
     on any bench) and holds the ground truth."""
 
     kind = "emulated"
+    real_traffic = False  # the cost model's figures
+    #: where the world's service listens for the hosts' agents and jobs
+    world_service_host = "127.0.0.1"
 
     def __init__(self, bench: Any):
         super().__init__(bench)
@@ -47,7 +50,7 @@ class EmulatedBench(BenchBackend):
             if any(h.emulated for h in self.bench.topology.hosts):
                 from lumion_hil.instruments.emulators.world_service import WorldService
 
-                self.world_service = WorldService(self.world).start()
+                self.world_service = WorldService(self.world, self.world_service_host).start()
             for index, (name, spec) in enumerate(self.bench.instruments.items()):
                 if not spec.emulated:
                     continue
@@ -161,6 +164,13 @@ class EmulatedBench(BenchBackend):
             return None
         return job_argv(self.world_service.address, job, ranks)
 
+    def reserved_rack_job_argv(self, job, ranks: list[str]) -> list[str] | None:
+        """The emulated job for every rank of the reserved rack in one process (the rack is a
+        model: it has no agents of its own)."""
+        if self.world_service is None:
+            return None
+        return job_argv(self.world_service.address, job, ranks) + ["--all-ranks-here"]
+
     def served_bench(self) -> dict:
         """The bench as data, pointing at what this serves (see :func:`served_bench`)."""
         return served_bench(self.bench, self)
@@ -181,6 +191,7 @@ class ServedWorld(BenchBackend):
     and its world makes the faults no lab can make by hand (a GPU failing, a light fading)."""
 
     kind = "served"
+    real_traffic = False
 
     def __init__(self, bench: Any):
         super().__init__(bench)
@@ -201,6 +212,9 @@ class ServedWorld(BenchBackend):
     def job_argv(self, job, ranks: list[str]) -> list[str] | None:
         world = self.bench.host(ranks[0]).world_address
         return job_argv(world, job, ranks) if world else None
+
+    def reserved_rack_job_argv(self, job, ranks: list[str]) -> list[str] | None:
+        return job_argv(self.address, job, ranks) + ["--all-ranks-here"] if self.address else None
 
     def nccl_tests_folder(self, host) -> str | None:
         return str(nccl_tests_folder(host.world_address)) if host.world_address else None

@@ -479,12 +479,16 @@ def _comm(pid: int) -> str:
 
 
 def _process_start(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot (tells a pid from its reuse)."""
+    """A live process's start time in clock ticks since boot (tells a pid from its reuse);
+    None for no process, or one dead and not yet reaped (a zombie, or one exiting)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X", "x"):
+        return None
+    return int(fields[19])
 
 
 # -- the rack ------------------------------------------------------------------------------------

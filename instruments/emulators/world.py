@@ -166,6 +166,12 @@ class World:
     def scaled_ns(self, seconds: float) -> int:
         return int(round(seconds * self.time_scale * 1e9))
 
+    @property
+    def light_version(self) -> int:
+        """Moves with every change to light (circuits, ports, losses, sources): a view that
+        worked something out at one version knows whether it may still hold."""
+        return self._light_version
+
     def record(self, t_ns: int, kind: str, subject: str, **detail) -> None:
         with self.lock:
             self.events.append(WorldEvent(t_ns, kind, subject, detail))

@@ -47,10 +47,10 @@ class _Server(socketserver.ThreadingTCPServer):
 
 
 class WorldService:
-    def __init__(self, world: World):
+    def __init__(self, world: World, host: str = "127.0.0.1"):
         self.world = world
         self.comms = Communicators()
-        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server = _Server((host, 0), _Handler)
         self._server.service = self  # type: ignore[attr-defined]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
                                         daemon=True, name="world-service")

@@ -59,17 +59,20 @@ class SysfsLinks:
         deadline = time.monotonic() + timeout_s
         sock = self._netlink()
         method = "netlink" if sock else "polling"
+        woke = None  # when netlink last woke us: the instant a change read just after was announced
         try:
             while True:
                 state = self.state(interface)
                 if self.is_up(state) == up:
-                    return {**state, "timed_out": False, "method": method}
+                    return {**state, "t_ns": woke or state["t_ns"], "timed_out": False, "method": method}
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return {**state, "timed_out": True, "method": method}
                 if sock is not None:
                     ready, _, _ = select.select([sock], [], [], remaining)
+                    woke = None
                     if ready:
+                        woke = self.clock_ns()
                         sock.recv(65536)  # any link message: read sysfs again
                 else:
                     time.sleep(min(_FALLBACK_POLL_S, remaining))  # fallback: nothing announces changes

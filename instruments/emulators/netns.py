@@ -1,0 +1,402 @@
+"""The namespaced bench, a rack in a box (``backend: netns``): the emulated world of
+:class:`~lumion_hil.instruments.emulators.bench.EmulatedBench` driving a data plane of real
+kernel parts on this machine, so that the code a real bench runs runs here too.
+
+- Each GPU host is a network namespace with its own sshd on a management network; the harness
+  reaches its agent through real ssh, and the agent reads its links from its own
+  /sys/class/net, woken by netlink, and runs its job as real processes (its GPUs are the
+  world's, through the emulated NVML, as on the other emulated benches).
+- Each optical NIC is a veth into a switch namespace. The emulated switch's circuits are made
+  there as bridges (a NIC pair is joined while both of its circuits are lit), and each NIC's
+  carrier follows the world's light: the switch end of its veth is set up when the world's link
+  state machine says the link is up (light above the receiver's sensitivity, then lock and
+  bring-up), down when the light goes.
+- Links are shaped with tbf to the bench file's rates times ``netns.rate_scale``; the electrical
+  rack is a bridge per rack joined through uplinks shaped to the racks' oversubscribed rate.
+- The job (instruments/emulators/ring_job.py) and nccl-tests (ring_perf.py, started on every
+  rank through ssh by launch.py) move real bytes through real sockets, so bandwidth here is
+  measured, not computed.
+
+Setting up and tearing down is idempotent; a rack left by a run killed outright is found by its
+state file and removed by the next run, or by ``lumion-hil bench restore``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from lumion_hil.instruments.backend import AGENT_FAULTS
+from lumion_hil.instruments.collectives import Fabric, Link, collective_cost, rack_fabric
+from lumion_hil.instruments.emulators import rack as racks
+from lumion_hil.instruments.emulators import sshd as sshds
+from lumion_hil.instruments.emulators.bench import EmulatedBench
+from lumion_hil.instruments.emulators.nccl_tests import PROGRAMS
+
+PERF_PORT_OFFSET = 1  # nccl-tests' rendezvous: the job's master port + 1, so both can run
+
+
+class NetnsUnavailable(RuntimeError):
+    """The namespaced bench cannot be built on this machine (not Linux, not root, no sshd...)."""
+
+
+def available() -> tuple[bool, str]:
+    """Whether a namespaced bench can be built here, and if not, why."""
+    for check in (racks.available, sshds.available):
+        ok, why = check()
+        if not ok:
+            return False, why
+    return True, "network namespaces, veths, bridges, tbf and sshd are available"
+
+
+class NetnsBench(EmulatedBench):
+    """Start with :meth:`start`; :meth:`stop` tears everything down (also after a failed start)."""
+
+    kind = "netns"
+    real_traffic = True  # real sockets, queues, bridges and tbf
+
+    def __init__(self, bench: Any):
+        super().__init__(bench)
+        self.settings = bench.netns
+        self.rack: racks.Rack | None = None
+        self.keys: sshds.SshKeys | None = None
+        self.sshd: dict[str, sshds.HostSshd] = {}
+        self.plane: DataPlane | None = None
+        self.run_dir: Path | None = None
+        self._power_timers: list[threading.Timer] = []
+
+    # -- life ---------------------------------------------------------------------------------
+
+    def start(self) -> "NetnsBench":
+        ok, why = available()
+        if not ok:
+            raise NetnsUnavailable(f"bench {self.bench.name!r}: the namespaced bench cannot be built here: {why}")
+        try:
+            racks.Rack.clean_up_stale()  # what a run killed outright left behind
+            self.run_dir = Path(tempfile.mkdtemp(prefix="lumion-hil-netns-"))
+            self.rack = racks.Rack(rack_spec(self.bench)).build()
+            self.world_service_host = self.rack.mgmt_gateway
+            super().start()  # the instruments' emulators and the world's service, on the management network
+            hosts = self.bench.topology.hosts
+            self.keys = sshds.SshKeys(self.run_dir / "ssh")
+            for host in hosts:
+                self.sshd[host.name] = sshds.HostSshd(host.name, self.rack.netns(host.name),
+                                                      self.rack.mgmt_address(host.name), self.keys)
+            _each(lambda s: s.start(), self.sshd.values())
+            self.plane = DataPlane(self.world, self.rack, self.bench).start()
+            self._write_rack_map()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for timer in self._power_timers:
+            timer.cancel()
+        if self.plane is not None:
+            self.plane.stop()
+            self.plane = None
+        for server in self.sshd.values():
+            server.stop()
+        self.sshd.clear()
+        super().stop()
+        if self.rack is not None:
+            self.rack.teardown()
+            self.rack = None
+        if self.run_dir is not None:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            self.run_dir = None
+
+    # -- how things are started here ---------------------------------------------------------
+
+    def destination(self, host: str) -> str:
+        """``user@address`` of a host's sshd on the management network."""
+        return f"{self.settings.user}@{self.rack.mgmt_address(host)}"
+
+    def agent_argv(self, host, *extra: str) -> list[str]:
+        """The agent through real ssh, with its links from the host's own /sys/class/net."""
+        host = self.bench.host(host) if isinstance(host, str) else host
+        faults = [f"--fault={fault}" for fault in host.emulation.faults]
+        remote = [sys.executable, "-m", "lumion_hil.instruments.emulators.agent", "--world", self.world_service.address,
+                  "--host", host.name, "--links", "sysfs", "--log-dir", str(self.run_dir / "jobs" / host.name),
+                  *faults, *extra]
+        return self.keys.ssh_argv(self.destination(host.name)) + [shlex.join(remote)]
+
+    def job_argv(self, job, ranks: list[str]) -> list[str]:
+        """The real training job: compute emulated, its all-reduce real bytes over real sockets."""
+        return [sys.executable, "-m", "lumion_hil.instruments.emulators.ring_job", "--world", self.world_service.address,
+                "--ranks", ",".join(ranks), "--rank", "{rank}", "--master-addr", "{master_addr}",
+                "--master-port", "{master_port}",
+                # a buffer that takes, at the shaped rates, what the gradients take at the bench file's
+                # (and at its time scale: a tenth of the time, a tenth of the bytes)
+                "--gradient-bytes", str(int(job.gradient_bytes * self.settings.rate_scale * self.world.time_scale)),
+                "--compute-time-s", str(job.compute_time_s), "--batch", str(job.batch_per_rank),
+                "--nccl-timeout-s", str(job.nccl_timeout_s)]
+
+    def nccl_tests_folder(self, host) -> str | None:
+        return str(self.run_dir / "nccl-tests")
+
+    def local_address(self, host) -> bool:
+        return False
+
+    def master_address(self, host) -> str:
+        return self.rack.mgmt_address(host.name)
+
+    def _write_rack_map(self) -> None:
+        """What the nccl-tests programs on the hosts need: each host's ssh destination, the
+        launcher's ssh configuration, the rendezvous port."""
+        job_port = self.bench.job.master_port if self.bench.job is not None else 29500
+        rack_map = {"hosts": {h.name: self.destination(h.name) for h in self.bench.topology.hosts},
+                    "mgmt": {h.name: self.rack.mgmt_address(h.name) for h in self.bench.topology.hosts},
+                    "ssh_config": str(self.keys.config), "port": job_port + PERF_PORT_OFFSET,
+                    "python": sys.executable}
+        path = self.run_dir / "rack.json"
+        path.write_text(json.dumps(rack_map, indent=1), encoding="utf-8")
+        folder = self.run_dir / "nccl-tests"
+        folder.mkdir(exist_ok=True)
+        for program in PROGRAMS:
+            script = folder / program
+            script.write_text(f"#!/bin/sh\nexec {sys.executable} -m lumion_hil.instruments.emulators.netns nccl-tests "
+                              f"--rack {path} --program {program} \"$@\"\n", encoding="utf-8")
+            script.chmod(0o755)
+
+    # -- faults --------------------------------------------------------------------------------
+
+    def set_fault(self, part: str, fault: str) -> None:
+        """A host's faults are made for real here: ``drop`` ends its agent's ssh session,
+        ``power_loss=S`` kills every process in its namespace (its sshd too) for S seconds
+        (default 1), ``mgmt_kbit=R`` shapes its management link to R kbit/s (replies queue:
+        a slow agent link). Instruments' faults are the emulated bench's."""
+        if part not in self.sshd:
+            return super().set_fault(part, fault)
+        name, _, value = fault.partition("=")
+        if name == "drop":
+            self.sshd[part].kill_sessions()
+        elif name == "power_loss":
+            self.rack.kill_processes(part)
+            self.sshd[part].stop()
+            timer = threading.Timer(float(value) if value else 1.0, self.sshd[part].start)
+            timer.daemon = True
+            self._power_timers.append(timer)
+            timer.start()
+        elif name == "mgmt_kbit":
+            self.rack.slow_mgmt(part, float(value) if value else None)
+        else:
+            known = ", ".join(("drop", "power_loss", "mgmt_kbit"))
+            hint = f" (an emulated agent's fault: {', '.join(AGENT_FAULTS)}; set it through the agent)" \
+                if name in AGENT_FAULTS else ""
+            raise ValueError(f"{part}: unknown host fault {name!r} on the namespaced bench; known: {known}{hint}")
+
+    def clear_faults(self, part: str) -> None:
+        if part not in self.sshd:
+            return super().clear_faults(part)
+        self.rack.slow_mgmt(part, None)
+        if not self.sshd[part].alive:
+            self.sshd[part].start()
+
+    # -- the cost model for the rates shaped here -----------------------------------------------
+
+    def fabric(self, kind: str, ranks: list[str]) -> Fabric:
+        """The fabric the cost model (instruments/collectives.py) sees for the rates shaped on
+        this rack, in Gb/s: the circuits lit now, or the electrical racks and their uplinks."""
+        scale = self.settings.rate_scale
+        if kind == "electrical":
+            rack = self.bench.electrical
+            return rack_fabric(ranks, rack.nic_gbps.value * scale, rack.hop_latency_us.value, 1.0, rack.rack_of,
+                               uplink_gbps={name: mbit / 1000 for name, mbit in uplink_mbit(self.bench).items()})
+        net = self.world.optical_fabric()
+        return Fabric({key: Link(link.capacity_gbps * scale, link.latency_us) for key, link in net.links.items()},
+                      net.route)
+
+    def predicted_busbw_gbps(self, collective: str, ranks: list[str], size_bytes: int, kind: str) -> float:
+        """busbw (GB/s, as nccl-tests prints it) the cost model predicts for the shaped rates."""
+        from lumion_hil.instruments.collectives import bus_factor
+
+        settings = self.bench.collectives
+        cost = collective_cost(collective, ranks, size_bytes, self.fabric(kind, ranks),
+                               step_latency_us=settings.step_latency_us.value, rings=settings.rings)
+        return size_bytes / cost.time_s / 1e9 * bus_factor(collective, len(ranks))
+
+
+def rack_spec(bench) -> "racks.RackSpec":
+    """The rack the bench file describes, at ``netns.rate_scale`` of its rates."""
+    scale = bench.netns.rate_scale
+    rack = bench.electrical
+    hosts = []
+    for host in bench.topology.hosts:
+        nics = [racks.RackNic(host.name, nic.name, nic.interface or nic.name,
+                              nic.rate_gbps * 1000 * scale * host.emulation.link_rate_factor) for nic in host.nics]
+        hosts.append(racks.RackHost(host.name, nics, rack=rack.rack_of(host.name) if rack else "rack0",
+                                    electrical_ifname=rack.interface if rack else None))
+    return racks.RackSpec(hosts, electrical_mbit=rack.nic_gbps.value * 1000 * scale if rack else None,
+                          uplink_mbit=uplink_mbit(bench) if rack else None)
+
+
+def uplink_mbit(bench) -> dict[str, float]:
+    """Each rack's uplink to the spine, shaped: its servers' NIC rates over the
+    oversubscription ratio (2:1: half), times ``netns.rate_scale``."""
+    rack = bench.electrical
+    members: dict[str, int] = {}
+    for host in bench.topology.hosts:
+        members[rack.rack_of(host.name)] = members.get(rack.rack_of(host.name), 0) + 1
+    return {name: count * rack.nic_gbps.value * 1000 * bench.netns.rate_scale / rack.oversubscription.value
+            for name, count in members.items()}
+
+
+class DataPlane:
+    """Keeps the rack's data plane where the world's physics says it is: a NIC pair joined
+    (bridged) while the circuits both ways between them are lit, each NIC's carrier up while
+    the world's link state machine says up. Each carrier change is recorded in the world
+    (``netns.carrier``) at the instant its netlink request was sent, with the instant the kernel
+    acknowledged it (``acked_ns``; the same clock): the change happened between the two. That is
+    the ground truth the agent's netlink stamps are judged against."""
+
+    def __init__(self, world, rack, bench):
+        self.world, self.rack, self.bench = world, rack, bench
+        self.nics = [(h.name, n.name) for h, n in bench.nic_ports()]
+        self.tx_owner = {n.tx_port: (h.name, n.name) for h, n in bench.nic_ports()}
+        self.rx_owner = {n.rx_port: (h.name, n.name) for h, n in bench.nic_ports()}
+        self.carrier: dict[tuple[str, str], bool] = {nic: False for nic in self.nics}
+        self.joined: set[frozenset] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="netns-data-plane")
+        self.error: BaseException | None = None
+
+    def start(self) -> "DataPlane":
+        self.apply()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self.world.lock:
+            self.world.changed.notify_all()
+        self._thread.join(timeout=5)
+
+    def wanted(self) -> tuple[dict, set, int | None]:
+        """(carrier per NIC, NIC pairs to join, the next instant either may change), at now."""
+        world = self.world
+        with world.lock:
+            t = world.now_ns()
+            carrier = {(h, n): world.link_state(h, n, t)[0] == "up" for h, n in self.nics}
+            lit = {(self.tx_owner[c.ingress], self.rx_owner[c.egress]) for c in world.live_circuits(t)
+                   if c.lit_at(t) and c.ingress in self.tx_owner and c.egress in self.rx_owner}
+            pairs = {frozenset((a, b)) for a, b in lit if a != b and (b, a) in lit}
+            upcoming = [x for x in (world.next_link_change_ns(h, n, t) for h, n in self.nics) if x is not None]
+            upcoming += [c.lit_ns for c in world.live_circuits(t) if c.lit_ns > t]
+        return carrier, pairs, min(upcoming) if upcoming else None
+
+    def apply(self) -> None:
+        carrier, pairs, _ = self.wanted()
+        self._apply(carrier, pairs)
+
+    def _apply(self, carrier: dict, pairs: set) -> None:
+        """Carriers that go down first (the light has gone), then the circuits, then the
+        carriers that come up (over the circuits as they now are)."""
+        self._set_carriers({nic: up for nic, up in carrier.items() if not up})
+        for pair in self.joined - pairs:
+            self.rack.part(*sorted(pair))
+        for pair in pairs - self.joined:
+            self.rack.join(*sorted(pair))
+        self.joined = set(pairs)
+        self._set_carriers({nic: up for nic, up in carrier.items() if up})
+
+    def _set_carriers(self, carrier: dict) -> None:
+        for nic, up in carrier.items():
+            if up != self.carrier[nic]:
+                sent = self.world.now_ns()
+                acked = self.rack.set_carrier(nic[0], nic[1], up)  # the kernel changed it in between
+                self.carrier[nic] = up
+                self.world.record(sent, "netns.carrier", f"{nic[0]}.{nic[1]}", up=up, acked_ns=acked)
+
+    def _stamp(self) -> tuple[int, int]:
+        """What moves when the world changes (light, or a recorded event such as a switch command)."""
+        with self.world.lock:
+            return self.world.light_version, len(self.world.events)
+
+    def _run(self) -> None:
+        world = self.world
+        try:
+            while not self._stop.is_set():
+                stamp = self._stamp()
+                carrier, pairs, upcoming = self.wanted()
+                self._apply(carrier, pairs)
+                with world.lock:
+                    if self._stop.is_set():
+                        return
+                    if self._stamp() != stamp:
+                        continue  # the world changed while we applied the last state: no wake-up is owed
+                    wait = 1.0 if upcoming is None else max(0.0, (upcoming - world.now_ns()) / 1e9)
+                    if wait > 0:
+                        world.changed.wait(min(wait, 1.0))
+        except BaseException as exc:  # kept: the bench reports it rather than dying silently
+            self.error = exc
+            raise
+
+
+def _each(action, items) -> None:
+    """``action(item)`` for every item at once; the first failure is raised when all have ended."""
+    items = list(items)
+    errors: list[BaseException] = []
+
+    def run(item) -> None:
+        try:
+            action(item)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(item,), daemon=True) for item in items]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def _nccl_tests(args) -> int:
+    """One nccl-tests program over the ranks LUMION_HIL_RANKS names (what ``mpirun -H`` would
+    tell the real programs): started on every rank's host through ssh by the launcher."""
+    rack_map = json.loads(Path(args.rack).read_text(encoding="utf-8"))
+    ranks = [r for r in os.environ.get("LUMION_HIL_RANKS", "").split(",") if r]
+    unknown = [r for r in ranks if r not in rack_map["hosts"]]
+    if not ranks or unknown:
+        print(f"{args.program}: LUMION_HIL_RANKS={os.environ.get('LUMION_HIL_RANKS', '')!r} names "
+              f"{'no hosts' if not ranks else 'hosts not on this rack: ' + ', '.join(unknown)}", file=sys.stderr)
+        return 2
+    env = {"LUMION_HIL_RANKS": ",".join(ranks), "LUMION_HIL_MASTER": f"{rack_map['mgmt'][ranks[0]]}:{rack_map['port']}"}
+    if os.environ.get("NCCL_SOCKET_IFNAME"):
+        env["NCCL_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"]
+    argv = [rack_map["python"], "-m", "lumion_hil.instruments.emulators.launch", "--ssh-config", rack_map["ssh_config"],
+            "--hosts", ",".join(rack_map["hosts"][r] for r in ranks)]
+    for key, value in env.items():
+        argv += ["--env", f"{key}={value}"]
+    argv += ["--", rack_map["python"], "-m", "lumion_hil.instruments.emulators.ring_perf", "--program", args.program,
+             *args.rest]
+    os.execv(argv[0], argv)
+    return 127  # not reached
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lumion_hil.instruments.emulators.netns", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    tests = sub.add_parser("nccl-tests", help="run a nccl-tests program over the rack's hosts (the hosts' build/ "
+                           "folder); every other argument is the program's own")
+    tests.add_argument("--rack", required=True, help="the rack's map (rack.json in the run folder)")
+    tests.add_argument("--program", required=True, choices=sorted(PROGRAMS))
+    args, rest = parser.parse_known_args(argv)
+    args.rest = rest
+    return _nccl_tests(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

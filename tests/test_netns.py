@@ -1,0 +1,221 @@
+"""The namespaced bench (rack in a box, instruments/emulators/netns.py): the code a real bench
+runs (ssh, netlink, real jobs and real bytes) run against the emulated world's physics."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from lumion_hil.harness.bandwidth import run_sweep
+from lumion_hil.harness.config import load_bench
+from lumion_hil.harness.controller import load_controller
+from lumion_hil.harness.faults import Fault, Injector
+from lumion_hil.harness.session import BenchSession
+from lumion_hil.instruments.emulators.netns import available
+from lumion_hil.instruments.emulators.rack import Rack
+from lumion_hil.instruments.protocols import InstrumentIOError
+from conftest import BENCHES, ROOT
+
+OK, WHY = available()
+pytestmark = pytest.mark.skipif(not OK, reason=f"the namespaced bench cannot be built here: {WHY}")
+BENCH = BENCHES / "netns.yaml"
+
+
+@pytest.fixture(scope="module")
+def session():
+    with BenchSession.open(load_bench(BENCH)) as session:
+        yield session
+
+
+def _rx_port(session, host: str, nic: str) -> int:
+    return next(n.rx_port for n in session.bench.host(host).nics if n.name == nic)
+
+
+def _carrier_change(world, nic: str, up: bool, after_ns: int, within_s: float = 2.0):
+    """The data plane's record of the carrier change (it may note it just after the agent saw it)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        found = [e for e in world.events_of("netns.carrier", nic) if e.t_ns >= after_ns and e.detail["up"] == up]
+        if found or time.monotonic() > deadline:
+            assert found, f"{nic}: the data plane never set the carrier {'up' if up else 'down'}"
+            return found[0]
+        time.sleep(0.01)
+
+
+def test_agent_sees_the_carrier_through_netlink_within_5_ms_of_the_change(session):
+    """The world's light goes and comes back at host1.p0; the veth's carrier follows (set by the
+    data plane), and the agent, woken by netlink in the host's own namespace, stamps each change
+    within 5 ms of the carrier change (the middle of the data plane's netlink request, sent to
+    acknowledged), never before it."""
+    agent, world = session.hosts["host1"], session.world
+    agent.sync_clock(16)
+    port = _rx_port(session, "host1", "p0")
+    assert agent.wait_link("p0", True, 5)["timed_out"] is False
+    interfaces = agent.call("hello")["interfaces"]
+    assert {"p0", "p1", "mgmt0"} <= set(interfaces) and "bond0" in interfaces  # its own namespace's, not ours
+    for up in (False, True, False, True):
+        got: dict = {}
+        waiter = threading.Thread(target=lambda: got.setdefault("s", agent.wait_link("p0", up, 5)))
+        waiter.start()
+        time.sleep(0.02)
+        before = world.now_ns()
+        world.set_extra_loss(port, 0.0 if up else float("inf"), before)
+        waiter.join()
+        state = got["s"]
+        assert state["timed_out"] is False and state["method"] == "netlink", state
+        change = _carrier_change(world, "host1.p0", up, before)
+        # the kernel changed the carrier between the request and its acknowledgement
+        window_ns = change.detail["acked_ns"] - change.t_ns
+        late_ms = (state["t_ns"] - (change.t_ns + window_ns / 2)) / 1e6
+        assert -(state["uncertainty_ns"] + window_ns / 2) / 1e6 <= late_ms < 5.0, (up, late_ms, window_ns)
+        if up:  # carrier comes up only after the receiver's lock and bring-up (105 ms on this bench)
+            assert (change.t_ns - before) / 1e9 >= 0.105
+    assert agent.call("link", interface="p0")["carrier"] == 1
+
+
+def test_traffic_follows_the_circuits_and_busbw_matches_the_cost_model(session):
+    """nccl-tests' all-reduce, run for real on the three ranks, on the optical ring and on the
+    electrical rack: its large-message busbw within 15% of what the cost model predicts for the
+    rates shaped here; halving the racks' uplinks moves the electrical figure and the ratio."""
+    backend = session.backend
+    ranks = list(session.bench.job.ranks)
+    session.stop_job()
+    session.restore_baseline()
+    size = (4 << 20, 8 << 20)
+    measured = {}
+    for fabric in ("optical", "electrical"):
+        sweep = run_sweep(session, "all_reduce", ranks, fabric, size)
+        row = sweep.largest
+        predicted = backend.predicted_busbw_gbps("all_reduce", ranks, row.size_bytes, fabric)
+        measured[fabric] = row.out_of_place.busbw_gbps
+        assert measured[fabric] == pytest.approx(predicted, rel=0.15), (fabric, measured[fabric], predicted)
+    ranks_e = ["host0", "host1", "host3"]  # the spare's rack is reached through the uplinks
+    before = run_sweep(session, "all_reduce", ranks_e, "electrical", size).largest.out_of_place.busbw_gbps
+    rates = dict(backend.rack.uplink_mbit)
+    try:
+        backend.rack.set_uplink_mbit({rack: mbit / 2 for rack, mbit in rates.items()})
+        after = run_sweep(session, "all_reduce", ranks_e, "electrical", size).largest.out_of_place.busbw_gbps
+    finally:
+        backend.rack.set_uplink_mbit(rates)
+    assert after == pytest.approx(before / 2, rel=0.2), (before, after)
+
+
+def test_a_killed_rank_makes_its_peers_fail_and_recovery_restarts_real_processes(session):
+    ranks = list(session.bench.job.ranks)
+    session.fresh_job(ranks)
+    lead = session.hosts[ranks[0]]
+    assert lead.wait_step(1, 60)["reached"], "the real job did not step"
+    controller = load_controller(session, ranks)
+    controller.arm()
+    try:
+        fault_ns = Injector(session).inject(Fault("process_kill", "host1"))
+        result = controller.recover(fault_ns)
+        assert result.status == "recovered", result.reason
+        started = {name: session.hosts[name].job_status() for name in ranks}
+        assert all(s["running"] for s in started.values()), started
+    finally:
+        controller.disarm()
+        session.stop_job()
+        session.restore_baseline()
+
+
+def test_lead_only_restart_fails_here_as_on_a_real_bench():
+    """A controller that restarts only the lead rank: the old ranks' collectives fail as NCCL's
+    do (their peer is gone), and the lead's real rendezvous waits for peers that never come."""
+    bench = load_bench(BENCH, defects=["lead_only_restart"])
+    with BenchSession.open(bench) as session:
+        ranks = list(bench.job.ranks)
+        session.start_job(ranks)
+        assert session.hosts[ranks[0]].wait_step(1, 60)["reached"]
+        controller = load_controller(session, ranks)
+        controller.arm()
+        fault_ns = Injector(session).inject(Fault("gpu_failure", "host1"))
+        result = controller.recover(fault_ns)
+        controller.disarm()
+        # The old rank on host2 loses its peer (NCCL's closed connection) and exits; the lead,
+        # restarted alone, waits at its rendezvous for ranks that never come.
+        assert result.status == "failed" and "before its first step" in result.reason, result
+        lead = session.hosts["host0"].job_status()
+        assert lead["running"] and not any("Init COMPLETE" in line for line in lead["last_lines"]), lead
+        session.stop_job()
+
+
+def test_ssh_faults_end_in_a_recovery_or_a_clear_error_within_the_deadline(session):
+    host = session.hosts["host2"]
+    backend = session.backend
+    assert host.call("clock") is not None
+    backend.set_fault("host2", "drop")  # its ssh session is killed: the client starts a new one
+    started = time.monotonic()
+    assert host.call("hello")["backend"] == "emulated"
+    assert time.monotonic() - started < session.bench.waits.opc_s
+    backend.sshd["host2"].stop()  # sshd gone: a clear error naming the host, within the deadline
+    backend.set_fault("host2", "drop")
+    started = time.monotonic()
+    with pytest.raises(InstrumentIOError, match="host2"):
+        host.call("hello")
+    assert time.monotonic() - started < 2 * session.bench.waits.opc_s + 5
+    backend.sshd["host2"].start()  # and back: the next call gets through
+    assert host.call("hello")["backend"] == "emulated"
+
+
+def _kill_9(proc: subprocess.Popen, mark: str) -> None:
+    """Kill a run outright, as a power cut would: ``lumion-hil run`` and its pytest (in a
+    session of its own), every process whose command line names the run's results folder."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    killed = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if mark.encode() in f.read():
+                        os.kill(int(entry), signal.SIGKILL)
+                        killed.append(int(entry))
+            except OSError:
+                pass
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(_running(pid) for pid in killed) and time.monotonic() < deadline:
+        time.sleep(0.05)  # SIGKILL is delivered, not yet acted on
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_restore_after_kill_9_leaves_nothing_behind(tmp_path):
+    """A run killed outright leaves its namespaces, links and processes; `lumion-hil bench
+    restore` removes every one of them."""
+    before = set(Rack.leftovers()["netns"])
+    proc = subprocess.Popen([sys.executable, "-m", "lumion_hil", "run", "--bench", str(BENCH), "--results",
+                             str(tmp_path / "results"), "--no-report", "-q", "-k", "recovery_time"],
+                            cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # until its hosts run jobs started through ssh
+            ours = set(Rack.leftovers()["netns"]) - before
+            running = [p for p in Rack.leftovers()["processes"] if p.split()[1] in ours]
+            if any("python" in p for p in running):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the run started no agent on its rack within 90 s")
+    finally:
+        _kill_9(proc, str(tmp_path / "results"))
+    assert set(Rack.leftovers()["netns"]) & ours, "kill -9 left nothing: the test proves nothing"
+    out = subprocess.run([sys.executable, "-m", "lumion_hil", "bench", "restore", "--bench", str(BENCH)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    prefixes = {name.rsplit("-", 1)[0] for name in ours}
+    left = {kind: [x for x in names if any(p in x for p in prefixes)] for kind, names in Rack.leftovers().items()}
+    assert not any(left.values()), left
+    assert f"removed" in out.stdout, out.stdout
