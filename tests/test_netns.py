@@ -87,7 +87,7 @@ def test_traffic_follows_the_circuits_and_busbw_matches_the_cost_model(session):
     ranks = list(session.bench.job.ranks)
     session.stop_job()
     session.restore_baseline()
-    size = (4 << 20, 8 << 20)
+    size = (8 << 20, 8 << 20)  # one size: the largest the bench file sweeps
     measured = {}
     for fabric in ("optical", "electrical"):
         sweep = run_sweep(session, "all_reduce", ranks, fabric, size)
@@ -96,6 +96,7 @@ def test_traffic_follows_the_circuits_and_busbw_matches_the_cost_model(session):
         measured[fabric] = row.out_of_place.busbw_gbps
         assert measured[fabric] == pytest.approx(predicted, rel=0.15), (fabric, measured[fabric], predicted)
     ranks_e = ["host0", "host1", "host3"]  # the spare's rack is reached through the uplinks
+    size = (4 << 20, 4 << 20)
     before = run_sweep(session, "all_reduce", ranks_e, "electrical", size).largest.out_of_place.busbw_gbps
     rates = dict(backend.rack.uplink_mbit)
     try:
@@ -162,6 +163,43 @@ def test_ssh_faults_end_in_a_recovery_or_a_clear_error_within_the_deadline(sessi
     assert time.monotonic() - started < 2 * session.bench.waits.opc_s + 5
     backend.sshd["host2"].start()  # and back: the next call gets through
     assert host.call("hello")["backend"] == "emulated"
+
+
+def test_a_host_losing_power_loses_every_process_and_comes_back(session):
+    """power_loss: every process in the host's namespace dies at once (its sshd, its agent's
+    session, its job); the agent's next call is a clear error while the host is off, and a new
+    session once its sshd is back."""
+    backend, host = session.backend, session.hosts["host3"]
+    assert backend.rack.pids("host3"), "nothing runs on host3: the test proves nothing"
+    backend.set_fault("host3", "power_loss=3")
+    assert backend.rack.pids("host3") == []
+    with pytest.raises(InstrumentIOError, match="host3"):
+        host.call("hello")
+    deadline = time.monotonic() + 20
+    while not backend.sshd["host3"].alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert host.call("hello")["interfaces"], "the host came back, its agent did not"
+
+
+def test_a_slow_management_link_slows_the_agents_replies(session):
+    """mgmt_kbit: the host's management link shaped (tbf: once its small bucket is spent, replies
+    queue), a slow agent link. Ten replies of the links' state cost seconds at 16 kbit/s."""
+    agent = session.hosts["host0"]
+
+    def ten_calls_s() -> float:
+        started = time.monotonic()
+        for _ in range(10):
+            agent.call("links")
+        return time.monotonic() - started
+
+    fast = ten_calls_s()
+    session.backend.set_fault("host0", "mgmt_kbit=16")
+    try:
+        slow = ten_calls_s()
+    finally:
+        session.backend.clear_faults("host0")
+    assert slow > 1.0 and slow > 10 * fast, (fast, slow)
+    assert ten_calls_s() < 1.0  # cleared
 
 
 def _kill_9(proc: subprocess.Popen, mark: str) -> None:
