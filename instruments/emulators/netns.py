@@ -31,11 +31,12 @@ import shutil
 import sys
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from lumion_hil.instruments.backend import AGENT_FAULTS
-from lumion_hil.instruments.collectives import Fabric, Link, collective_cost, rack_fabric
+from lumion_hil.instruments.collectives import Fabric, Link, bus_factor, collective_cost, rack_fabric
 from lumion_hil.instruments.emulators import rack as racks
 from lumion_hil.instruments.emulators import sshd as sshds
 from lumion_hil.instruments.emulators.bench import EmulatedBench
@@ -90,7 +91,8 @@ class NetnsBench(EmulatedBench):
             for host in hosts:
                 self.sshd[host.name] = sshds.HostSshd(host.name, self.rack.netns(host.name),
                                                       self.rack.mgmt_address(host.name), self.keys)
-            _each(lambda s: s.start(), self.sshd.values())
+            with ThreadPoolExecutor(len(self.sshd)) as pool:  # every host's sshd at once
+                list(pool.map(lambda server: server.start(), self.sshd.values()))
             self.plane = DataPlane(self.world, self.rack, self.bench).start()
             self._write_rack_map()
         except BaseException:
@@ -218,8 +220,6 @@ class NetnsBench(EmulatedBench):
 
     def predicted_busbw_gbps(self, collective: str, ranks: list[str], size_bytes: int, kind: str) -> float:
         """busbw (GB/s, as nccl-tests prints it) the cost model predicts for the shaped rates."""
-        from lumion_hil.instruments.collectives import bus_factor
-
         settings = self.bench.collectives
         cost = collective_cost(collective, ranks, size_bytes, self.fabric(kind, ranks),
                                step_latency_us=settings.step_latency_us.value, rings=settings.rings)
@@ -340,26 +340,6 @@ class DataPlane:
         except BaseException as exc:  # kept: the bench reports it rather than dying silently
             self.error = exc
             raise
-
-
-def _each(action, items) -> None:
-    """``action(item)`` for every item at once; the first failure is raised when all have ended."""
-    items = list(items)
-    errors: list[BaseException] = []
-
-    def run(item) -> None:
-        try:
-            action(item)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(item,), daemon=True) for item in items]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
 
 
 def _nccl_tests(args) -> int:
