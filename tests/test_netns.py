@@ -107,25 +107,6 @@ def test_traffic_follows_the_circuits_and_busbw_matches_the_cost_model(session):
     assert after == pytest.approx(before / 2, rel=0.2), (before, after)
 
 
-def test_a_killed_rank_makes_its_peers_fail_and_recovery_restarts_real_processes(session):
-    ranks = list(session.bench.job.ranks)
-    session.fresh_job(ranks)
-    lead = session.hosts[ranks[0]]
-    assert lead.wait_step(1, 60)["reached"], "the real job did not step"
-    controller = load_controller(session, ranks)
-    controller.arm()
-    try:
-        fault_ns = Injector(session).inject(Fault("process_kill", "host1"))
-        result = controller.recover(fault_ns)
-        assert result.status == "recovered", result.reason
-        started = {name: session.hosts[name].job_status() for name in ranks}
-        assert all(s["running"] for s in started.values()), started
-    finally:
-        controller.disarm()
-        session.stop_job()
-        session.restore_baseline()
-
-
 def test_lead_only_restart_fails_here_as_on_a_real_bench():
     """A controller that restarts only the lead rank: the old ranks' collectives fail as NCCL's
     do (their peer is gone), and the lead's real rendezvous waits for peers that never come."""
