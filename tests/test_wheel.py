@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# On one pytest-xdist worker (scripts/tests: --dist loadgroup): the wheel and its venv are built once.
+pytestmark = pytest.mark.xdist_group("wheel")
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
