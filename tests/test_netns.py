@@ -23,7 +23,8 @@ from lumion_hil.instruments.protocols import InstrumentIOError
 from conftest import BENCHES, ROOT
 
 OK, WHY = available()
-pytestmark = pytest.mark.skipif(not OK, reason=f"the namespaced bench cannot be built here: {WHY}")
+pytestmark = [pytest.mark.skipif(not OK, reason=f"the namespaced bench cannot be built here: {WHY}"),
+              pytest.mark.alone]  # real traffic and netlink timing (scripts/tests)
 BENCH = BENCHES / "netns.yaml"
 
 

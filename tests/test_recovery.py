@@ -22,6 +22,8 @@ from lumion_hil.harness.session import BenchSession
 from lumion_hil.reports.plots import recovery_figure, render
 from conftest import BENCHES, ROOT
 
+pytestmark = pytest.mark.alone  # timing judged against ground truth (scripts/tests)
+
 TEXT = (BENCHES / "emulated.yaml").read_text()
 
 

@@ -236,6 +236,7 @@ def _model_busbw_gbps(size: int) -> float:
                            algorithm="ring").busbw_gbps
 
 
+@pytest.mark.alone  # throughput of real sockets against the model: a busy core moves it (scripts/tests)
 def test_ring_perf_output_parses_and_its_busbw_matches_the_cost_model(rack, tmp_path):
     shaped = []
     try:
