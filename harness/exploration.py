@@ -72,6 +72,31 @@ def shards(name: str | None) -> int:
     return _SIZES[name or "bench"][2]
 
 
+def parse_part(text: str) -> tuple[int, int]:
+    """``K/N`` (the K-th of N parts, 1-based) as (K, N)."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"{text!r} is not K/N (e.g. 2/4: the second of four parts)") from None
+    if n < 1 or not 1 <= k <= n:
+        raise ValueError(f"{text!r}: K must be 1 to N and N at least 1")
+    return k, n
+
+
+def shards_of_part(name: str | None, part: str | None) -> list[int]:
+    """The shards of profile ``name`` that part ``K/N`` runs: shard i in part i mod N + 1, so the
+    N parts together run every shard once, each with the seed and the sequences it has in the
+    whole profile (what the parts explore adds up to what the profile explores)."""
+    count = shards(name)
+    if part is None:
+        return list(range(count))
+    k, n = parse_part(part)
+    if n > count:
+        hint = "" if name == "nightly" else f" (the nightly profile has {shards('nightly')})"
+        raise ValueError(f"profile {name or 'bench'!r} has {count} shard(s): it cannot be cut into {n} parts{hint}")
+    return [i for i in range(count) if i % n == k - 1]
+
+
 def profile(name: str, seed: int, examples_dir: Path, sequences: int | None = None) -> Profile:
     if name not in PROFILES:
         raise ValueError(f"unknown exploration profile {name!r}; known: {', '.join(PROFILES)}")

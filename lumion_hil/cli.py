@@ -86,8 +86,8 @@ def main() -> None:
                    "stop [default: twice deadlines.opc_s plus 30 s].")
 @click.option("--explore", type=click.Choice(["ci", "nightly", "bench"]), default=None,
               help="How much the failure-sequence suite explores: ci (hundreds of sequences), nightly "
-                   "(thousands, in 8 shards: add -n auto to spread them over workers), bench (a few; "
-                   "the default).")
+                   "(thousands, in 8 shards: add -n auto to spread them over workers, or --explore-shard K/N "
+                   "--explore-seed S to run a part of them on each of N machines), bench (a few; the default).")
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 def run(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], results: Path, report: bool,
         stop_within: float | None, explore: str | None, pytest_args: tuple[str, ...]) -> None:
@@ -204,12 +204,32 @@ def _suites_dir() -> Path:
 
 
 @main.command("report")
+@click.argument("parts", nargs=-1, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--results", type=click.Path(file_okay=False, path_type=Path), default=Path("results"),
-              show_default=True, help="Folder given to `lumion-hil run --results`.")
-def report_cmd(results: Path) -> None:
+              show_default=True, help="Folder given to `lumion-hil run --results`; with PARTS, the folder the "
+                                      "merged results are written to.")
+def report_cmd(parts: tuple[Path, ...], results: Path) -> None:
     """Summarize the newest run (RESULTS/summary.md and summary.json: each published number's
     measured value, ratio and verdict, and what regressed since the previous run) and build the
-    Allure HTML report (RESULTS/allure-report) with history from earlier runs."""
+    Allure HTML report (RESULTS/allure-report) with history from earlier runs.
+
+    With PARTS (results folders of several runs: the parts of a profile spread over a CI matrix
+    with --explore-shard K/N, or several benches), merge their run records, Allure results and
+    stories into RESULTS first, and summarize them as one run: the failure sequences explored are
+    added up over every shard.
+
+    \b
+    Example (four machines each ran one part of the nightly profile):
+      lumion-hil report part1 part2 part3 part4 --results nightly
+    """
+    if parts:
+        from lumion_hil.reports.merge import MergeError, merge_results
+
+        try:
+            merged = merge_results(list(parts), results)
+        except MergeError as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(f"lumion-hil: merged {len(parts)} results into {results} ({merged})")
     sys.exit(_build_report(results))
 
 

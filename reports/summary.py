@@ -52,8 +52,10 @@ class Row:
     better: str | None = None  # a recorded (unjudged) figure's good direction
 
 
-def _key(m: dict) -> str:
+def _key(m: dict, with_bench: bool = False) -> str:
     test = m["test"].split("::")[-1]
+    if with_bench and m.get("part_bench"):  # a merged record of several benches (reports/merge.py)
+        test = f"{m['part_bench']}/{test}"
     attrs = {k: v for k, v in (m.get("attrs") or {}).items()
              if k in ("detector", "port", "interface", "host", "connections") and isinstance(v, (str, int))}
     extra = ",".join(f"{k}={v}" for k, v in sorted(attrs.items()))
@@ -82,11 +84,13 @@ def summarize(record: Path, history: list[dict]) -> dict:
     head = next((line for line in lines if line.get("type") == "run"), {})
     end = next((line for line in reversed(lines) if line.get("type") == "end"), None)
     before = [h for h in history if h.get("record") != str(record)][-HISTORY_RUNS:]
+    parts = head.get("merged_from") or []
+    several = len({p.get("bench") for p in parts}) > 1
     rows: dict[str, Row] = {}
     for m in lines:
         if m.get("type") != "measurement" or (m.get("low") is None and m.get("high") is None and not m.get("better")):
             continue  # judged figures, and recorded ones with a good direction (busbw at every size)
-        row = Row(_key(m), m["name"], m["test"], m.get("value"), m["unit"], m.get("low"), m.get("high"),
+        row = Row(_key(m, several), m["name"], m["test"], m.get("value"), m["unit"], m.get("low"), m.get("high"),
                   m["verdict"], m.get("cause", ""), m.get("published"), m.get("published_value"),
                   basis=m.get("basis", "measured"), better=m.get("better"))
         attrs = m.get("attrs") or {}
@@ -128,7 +132,22 @@ def summarize(record: Path, history: list[dict]) -> dict:
         "rows": [asdict(r) for r in ordered],
         "regressions": [asdict(r) for r in ordered if r.regression],
         "failed": [asdict(r) for r in ordered if r.verdict == "fail"],
+        "parts": [{k: p.get(k) for k in ("folder", "bench", "outcome")} for p in parts],
+        "exploration": _exploration(lines),
     }
+
+
+def _exploration(lines: list[dict]) -> dict | None:
+    """The failure sequences explored, added up over the run's shards (and over the parts of a
+    merged run): distinct stories told to the end, sequences run, and each shard's seed."""
+    shards = [m for m in lines if m.get("type") == "measurement" and m.get("name") == "sequences_explored"]
+    if not shards:
+        return None
+    attrs = [m.get("attrs") or {} for m in shards]
+    return {"sequences_explored": sum(m["value"] or 0 for m in shards),
+            "sequences_run": sum(a.get("sequences_run") or 0 for a in attrs),
+            "shards": sorted((a.get("profile"), a.get("shard"), a.get("seed")) for a in attrs),
+            "failed_shards": sum(m["verdict"] == "fail" for m in shards)}
 
 
 def _fmt(value, unit: str = "") -> str:
@@ -150,6 +169,14 @@ def to_markdown(summary: dict) -> str:
     if summary["defects"]:
         out.append(f"Defects: {', '.join(summary['defects'])}")
     out.append(f"Compared with: {summary['previous_record'] or 'no earlier run'}")
+    if summary.get("parts"):
+        out.append(f"Merged from {len(summary['parts'])} results: "
+                   + ", ".join(f"{p['folder']} ({p['bench']}, {p['outcome']})" for p in summary["parts"]))
+    explored = summary.get("exploration")
+    if explored:
+        out.append(f"Failure sequences: {explored['sequences_explored']:g} distinct stories told to the end, "
+                   f"{explored['sequences_run']} sequences run, in {len(explored['shards'])} shard(s)"
+                   + (f", {explored['failed_shards']} of them red" if explored["failed_shards"] else ""))
     out += ["", f"## Regressions since the previous run ({len(summary['regressions'])})", ""]
     if summary["regressions"]:
         out += ["| measurement | now | before | change | why |", "|---|---|---|---|---|"]

@@ -8,7 +8,9 @@ parts: ``lumion-hil replay STORY --bench FILE``.
 Profiles (``lumion-hil run --explore PROFILE``): ``ci``, hundreds of sequences; ``nightly``,
 thousands, in shards that pytest-xdist spreads over workers (``-n auto``), each worker with its
 own emulated bench; ``bench``, a few at real time. Each shard's seed, the profile and the number
-of sequences explored are measured and recorded."""
+of sequences explored are measured and recorded. ``--explore-shard K/N`` (with one
+``--explore-seed`` for all parts) runs a part of the shards, so that a CI matrix spreads a profile
+over machines; ``lumion-hil report`` adds the parts up."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, note, seed, settings, strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from lumion_hil.harness.exploration import DURING, NIC_KINDS, Broken, Explorer, Step, Story, paths_missed, shards
+from lumion_hil.harness.exploration import (DURING, NIC_KINDS, Broken, Explorer, Step, Story, paths_missed,
+                                            shards_of_part)
 from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.progress import PROGRESS
 from lumion_hil.instruments.backend import FaultKind
@@ -31,8 +34,12 @@ pytestmark = allure.feature("failure sequences")
 
 def pytest_generate_tests(metafunc):
     if "shard" in metafunc.fixturenames:
-        count = shards(metafunc.config.getoption("--explore", default=None))
-        metafunc.parametrize("shard", range(count), ids=[f"shard{i}" for i in range(count)])
+        try:
+            mine = shards_of_part(metafunc.config.getoption("--explore", default=None),
+                                  metafunc.config.getoption("--explore-shard", default=None))
+        except ValueError as exc:
+            raise pytest.UsageError(f"--explore-shard: {exc}") from None
+        metafunc.parametrize("shard", mine, ids=[f"shard{i}" for i in mine])
 
 
 ACTIONS = ("fault", "fault", "fault", "quiet", "degrade", "repair", "repair")

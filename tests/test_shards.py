@@ -1,0 +1,97 @@
+"""The nightly spread over machines: ``--explore-shard K/N`` runs a part of a profile's shards,
+and ``lumion-hil report PARTS... --results OUT`` merges the parts into one summary whose
+exploration adds up to what the unsplit profile explores."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lumion_hil.harness.exploration import shards_of_part
+
+from conftest import BENCHES
+
+SEED = "20261202"
+# The nightly profile's 8 shards, one sequence each: what is explored, not how much, is checked.
+NIGHTLY = ["--explore", "nightly", "--explore-sequences", "8", "--explore-seed", SEED]
+
+
+def _cli(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "LUMION_HIL_LOCK_DIR": str(tmp_path)}
+    return subprocess.run([sys.executable, "-m", "lumion_hil", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=tmp_path, env=env)
+
+
+def _explore(tmp_path: Path, results: Path, *extra: str) -> subprocess.CompletedProcess:
+    return _cli(tmp_path, "run", "--bench", str(BENCHES / "exploration.yaml"), "--results", str(results),
+                "--no-report", "-q", *NIGHTLY, *extra, "-k", "failure_sequences")
+
+
+def _shards(results: Path) -> list[tuple]:
+    record = next((results / "records").glob("run-*.jsonl"))
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    return sorted((m["attrs"]["shard"], m["attrs"]["seed"], m["attrs"]["sequences_run"]) for m in lines
+                  if m["type"] == "measurement" and m["name"] == "sequences_explored")
+
+
+def test_parts_take_every_shard_once():
+    parts = [shards_of_part("nightly", f"{k}/3") for k in (1, 2, 3)]
+    assert sorted(i for part in parts for i in part) == list(range(8))
+    assert parts[0] == [0, 3, 6]
+    assert shards_of_part("nightly", None) == list(range(8))
+    with pytest.raises(ValueError, match="has 1 shard"):
+        shards_of_part("ci", "1/2")
+    for bad in ("0/4", "5/4", "x/4", "3"):
+        with pytest.raises(ValueError):
+            shards_of_part("nightly", bad)
+
+
+def test_four_parts_explore_what_the_whole_profile_explores_and_report_adds_them_up(tmp_path):
+    whole = _explore(tmp_path, tmp_path / "whole")
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-2000:]
+    parts = []
+    for k in range(1, 5):
+        folder = tmp_path / f"part{k}"
+        proc = _explore(tmp_path, folder, "--explore-shard", f"{k}/4")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        assert [s[0] for s in _shards(folder)] == [k - 1, k + 3], f"part {k}/4 ran {_shards(folder)}"
+        parts.append(folder)
+    # The same shards, each with the seed and the number of sequences it has in the whole profile.
+    assert sorted(s for p in parts for s in _shards(p)) == _shards(tmp_path / "whole")
+
+    merged = _cli(tmp_path, "report", *map(str, parts), "--results", str(tmp_path / "nightly"))
+    assert "merged 4 results" in merged.stdout, merged.stdout + merged.stderr
+    summary = json.loads((tmp_path / "nightly" / "summary.json").read_text())
+    explored = summary["exploration"]
+    told = sum(m["value"] for p in parts for m in map(json.loads, next((p / "records").glob("run-*.jsonl"))
+               .read_text().splitlines()) if m["type"] == "measurement" and m["name"] == "sequences_explored")
+    assert explored["sequences_explored"] == told > 0
+    assert explored["sequences_run"] == sum(s[2] for s in _shards(tmp_path / "whole"))
+    assert [tuple(s[1:]) for s in explored["shards"]] == [(s[0], s[1]) for s in _shards(tmp_path / "whole")]
+    assert len(summary["parts"]) == 4 and summary["outcome"] == "passed"
+    assert summary["counts"] == {"passed": 8}
+    markdown = (tmp_path / "nightly" / "summary.md").read_text()
+    assert f"{told:g} distinct stories told to the end" in markdown and "in 8 shard(s)" in markdown
+    # Every part's Allure results, less their own summaries (the merged run has one, its own).
+    results = [json.loads(p.read_text()) for p in (tmp_path / "nightly" / "allure-results").glob("*-result.json")]
+    assert sum(r.get("historyId") == "lumion-hil-regression-summary" for r in results) == 1
+    assert sum("test_failure_sequences" in r.get("fullName", "") for r in results) == 8
+
+
+def test_a_part_without_a_seed_or_of_too_many_parts_is_refused(tmp_path):
+    unseeded = _cli(tmp_path, "run", "--bench", str(BENCHES / "exploration.yaml"), "--no-report", "--explore",
+                    "nightly", "--explore-shard", "1/4", "-k", "failure_sequences")
+    assert unseeded.returncode == 4 and "--explore-shard needs --explore-seed" in unseeded.stderr
+    too_many = _explore(tmp_path, tmp_path / "r", "--explore-shard", "1/9")
+    assert too_many.returncode == 4 and "cannot be cut into 9 parts" in too_many.stdout + too_many.stderr
+
+
+def test_report_names_a_folder_that_is_not_results(tmp_path):
+    (tmp_path / "empty").mkdir()
+    proc = _cli(tmp_path, "report", str(tmp_path / "empty"), "--results", str(tmp_path / "out"))
+    assert proc.returncode != 0 and "no run record" in proc.stderr and "empty" in proc.stderr
