@@ -9,6 +9,7 @@ against and the safety rules. ``load_bench`` turns it into a :class:`Bench` or r
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
@@ -327,6 +328,27 @@ class Safety(_Model):
     baseline: list[tuple[PositiveInt, PositiveInt]] = Field(
         default=[], description="cross-connects (ingress, egress) restored at set-up and teardown"
     )
+    owned_ports: list[PositiveInt] | None = Field(
+        None, description="the switch ports this bench may switch, when it shares the switch with other benches "
+        "(every other port is left alone, as a protected one); a labgrid place's `ports` tag sets it "
+        "(harness/places.py). Default: the whole switch")
+
+
+class PlaceSettings(_Model):
+    """The bench as a labgrid place (harness/places.py): runs reserve and acquire it on the
+    lab's coordinator instead of taking a file lock on this machine."""
+
+    coordinator: str | None = Field(None, description="the labgrid coordinator, HOST:PORT (LG_COORDINATOR wins; "
+                                    "default 127.0.0.1:20408)")
+    name: str | None = Field(None, description="the place's name (LG_PLACE wins)")
+    tags: dict[str, str] = Field(default={}, description="or the tags a place must have: the reservation takes any "
+                                 "free place that has them")
+
+    @model_validator(mode="after")
+    def _name_or_tags(self) -> "PlaceSettings":
+        if not self.name and not self.tags:
+            raise ValueError("a place needs a name or tags to match one")
+        return self
 
 
 class MigrationBaseline(_Model):
@@ -440,6 +462,7 @@ class Bench(_Model):
     collectives: CollectiveSettings = CollectiveSettings()
     nccl_tests: NcclTests = NcclTests()
     netns: NetnsSettings = NetnsSettings()
+    place: PlaceSettings | None = None
 
     # -- derived views -----------------------------------------------------------------------
 
@@ -580,6 +603,16 @@ class Bench(_Model):
                 bad(f"{where}.port", f"port {det.port} is not a port of {self.topology.switch!r}")
         _unique(bad, "detectors", [d.name for d in self.detectors], "detector name")
 
+        if self.safety.owned_ports is not None:
+            owned = set(self.safety.owned_ports)
+            for port, owner in sorted(used_ports.items()):
+                if port not in owned:
+                    bad("safety.owned_ports", f"port {port} ({owner}) is not one of the bench's own ports "
+                        f"{port_ranges(owned)} (it shares the switch: the place's ports tag says which are its own)")
+            for ingress, egress in self.safety.baseline:
+                if not {ingress, egress} <= owned:
+                    bad("safety.owned_ports",
+                        f"baseline [{ingress}, {egress}] uses a port outside {port_ranges(owned)}")
         protected = set(self.safety.protected_ports)
         seen_in: set[int] = set()
         seen_out: set[int] = set()
@@ -614,6 +647,21 @@ def _unique(bad, path: str, values: list, what: str) -> None:
 # --- loading ----------------------------------------------------------------------------------
 
 
+def port_ranges(ports) -> str:
+    """Ports as ``1-8,33-40``."""
+    out, run = [], []
+    for p in sorted(ports):
+        if run and p == run[-1] + 1:
+            run.append(p)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [p]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
 def load_bench(path: str | Path, *, time_scale: float | None = None, defects: list[str] | tuple = ()) -> Bench:
     """Read and validate a bench file, with its defects (the file's ``emulator.defects`` and
     ``defects``) applied. Raises BenchFileError with every problem found."""
@@ -645,6 +693,11 @@ def parse_bench(text: str, file: str = "<bench>", *, time_scale: float | None = 
     data = yaml.safe_load(text)
     if not isinstance(data, dict):
         raise BenchFileError(file, [BenchProblem("", "a bench file is a mapping of sections (name, instruments, ...)", 1)])
+    held = os.environ.get("LUMION_HIL_PLACE")
+    if held:  # `lumion-hil run` holds the bench's labgrid place: addresses and ports from it
+        from lumion_hil.harness.places import apply_place
+
+        data = apply_place(data, json.loads(held))
     if time_scale is not None:
         data.setdefault("emulator", {})
         if isinstance(data["emulator"], dict):

@@ -1,4 +1,6 @@
-"""The switch as the harness hands it out: protected ports are never switched, whoever asks."""
+"""The switch as the harness hands it out: protected ports are never switched, whoever asks; on a
+switch shared with other benches (``safety.owned_ports``, from a labgrid place's ``ports`` tag),
+neither is any port that is not the bench's own, whatever the other bench is doing."""
 
 from __future__ import annotations
 
@@ -9,18 +11,29 @@ from lumion_hil.instruments.protocols import OpticalSwitch, Pairs, as_pairs
 
 
 class GuardedSwitch(OpticalSwitch):
-    """Wraps any OpticalSwitch; refuses every change that touches a protected port."""
+    """Wraps any OpticalSwitch; refuses every change that touches a protected port, or a port
+    that is not the bench's own (``owned_ports``; None: every port is)."""
 
-    def __init__(self, switch: OpticalSwitch, protected_ports: Iterable[int], baseline: Pairs = ()):
+    def __init__(self, switch: OpticalSwitch, protected_ports: Iterable[int], baseline: Pairs = (),
+                 owned_ports: Iterable[int] | None = None):
         self._switch = switch
         self.name = switch.name
         self.protected_ports = frozenset(protected_ports)
+        self.owned_ports = None if owned_ports is None else frozenset(owned_ports)
         self.baseline = as_pairs(baseline)
 
+    def _off_limits(self, port: int) -> bool:
+        return port in self.protected_ports or (self.owned_ports is not None and port not in self.owned_ports)
+
     def _refuse_protected(self, what: str, ports: Iterable[int]) -> None:
-        touched = sorted(set(ports) & self.protected_ports)
+        ports = set(ports)
+        touched = sorted(ports & self.protected_ports)
         if touched:
             raise SafetyError(f"{self.name}: refused to {what}: port(s) {touched} are protected and never switched")
+        foreign = sorted(p for p in ports if self._off_limits(p))
+        if foreign:
+            raise SafetyError(f"{self.name}: refused to {what}: port(s) {foreign} are not this bench's own (the "
+                              "switch is shared; the place's ports tag says which are)")
 
     def identify(self):
         return self._switch.identify()
@@ -49,12 +62,12 @@ class GuardedSwitch(OpticalSwitch):
         items = as_pairs(pairs)
         self._refuse_protected(f"connect {items}", [p for pair in items for p in pair])
         current = self.connections().items()
-        keep = [pair for pair in current if set(pair) & self.protected_ports]
+        keep = [pair for pair in current if any(self._off_limits(p) for p in pair)]
         blocked = [(pair, kept) for pair in items if pair not in keep for kept in keep if set(pair) & set(kept)]
         if blocked:
             listed = "; ".join(f"{want} needs a port of {kept}" for want, kept in blocked)
-            raise SafetyError(f"{self.name}: cannot make {items}: a circuit on a protected port stands in the way "
-                              f"({listed}). Protected ports are never switched: clear it by hand")
+            raise SafetyError(f"{self.name}: cannot make {items}: a circuit on a protected port, or on another "
+                              f"bench's, stands in the way ({listed}). Those are never switched: clear it by hand")
         OpticalSwitch.replace_all(self, items + keep)
 
     def restore_baseline(self) -> None:
@@ -65,13 +78,13 @@ class GuardedSwitch(OpticalSwitch):
         """Read the switch back: the baseline, and nothing else but protected ports' circuits."""
         now = set(self.connections().items())
         wanted = set(self.baseline)
-        extra = sorted(p for p in now - wanted if not set(p) & self.protected_ports)
+        extra = sorted(p for p in now - wanted if not any(self._off_limits(x) for x in p))
         missing = sorted(wanted - now)
         if extra or missing:
             raise SafetyError(f"{self.name}: not at its baseline after restoring it: missing {missing}, extra {extra}")
 
     def _unprotected(self, pairs) -> list[tuple[int, int]]:
-        return [pair for pair in pairs if not set(pair) & self.protected_ports]
+        return [pair for pair in pairs if not any(self._off_limits(p) for p in pair)]
 
     def port_states(self, ports):
         return self._switch.port_states(ports)

@@ -5,6 +5,7 @@ happened in between."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,8 +13,10 @@ from typing import Any
 from lumion_hil.harness.backends import load_backend
 from lumion_hil.harness.binding import open_driver
 from lumion_hil.harness.config import Bench, Detector, MeterInstrument, SwitchInstrument
+from lumion_hil.harness.errors import HarnessError
 from lumion_hil.harness.interrupts import INTERRUPTS, critical, shield
 from lumion_hil.harness.lock import BenchLock
+from lumion_hil.harness.places import PLACE_ENV
 from lumion_hil.harness.safety import GuardedSwitch
 from lumion_hil.harness.timeline import Timeline
 from lumion_hil.instruments.backend import BenchBackend
@@ -71,7 +74,17 @@ class BenchSession:
         return session
 
     def _open(self, restore: bool) -> None:
-        if not self.bench.all_emulated:
+        unresolved = [f"instrument {n}" for n, spec in self.bench.instruments.items() if spec.resource == "place"]
+        unresolved += [f"host {h.name}" for h in self.bench.topology.hosts if h.address == "place"]
+        if unresolved:
+            raise HarnessError(f"bench {self.bench.name!r}: {', '.join(unresolved)} take their address from the bench's "
+                             "labgrid place, and this run holds none: run it with `lumion-hil run` (which reserves "
+                             "and acquires the place) or give the addresses")
+        if self.bench.place is not None and not os.environ.get(PLACE_ENV):
+            raise HarnessError(f"bench {self.bench.name!r} is a labgrid place: run it with `lumion-hil run`, which "
+                             "reserves and acquires the place (two runs never share it)")
+        if not self.bench.all_emulated and self.bench.place is None:
+            # A bench with a labgrid place is guarded by its acquisition (lumion-hil run), across machines.
             self._lock = BenchLock(self.bench.name).acquire()
         self.backend = load_backend(self.bench).start()
         for name, spec in self.bench.instruments.items():
@@ -82,7 +95,8 @@ class BenchSession:
             # Every instrument command runs to its reply: an interrupt waits for it (harness/interrupts.py).
             recorded = self.timeline.recorded(driver, name, guard=critical)
             if isinstance(spec, SwitchInstrument) and name == self.bench.topology.switch:
-                self.switch = GuardedSwitch(recorded, self.bench.safety.protected_ports, self.bench.safety.baseline)
+                self.switch = GuardedSwitch(recorded, self.bench.safety.protected_ports, self.bench.safety.baseline,
+                                            owned_ports=self.bench.safety.owned_ports)
             elif isinstance(spec, MeterInstrument):
                 self.meters[name] = recorded
         for host in self.bench.topology.hosts:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -12,8 +15,9 @@ import time
 from pathlib import Path
 
 import click
+import yaml
 
-from lumion_hil.harness.config import bench_json_schema, load_bench
+from lumion_hil.harness.config import port_ranges, bench_json_schema, load_bench
 from lumion_hil.harness.errors import BenchFileError
 from lumion_hil.harness.exit_codes import ExitCode
 from lumion_hil.harness.records import how_it_ended
@@ -88,9 +92,12 @@ def main() -> None:
               help="How much the failure-sequence suite explores: ci (hundreds of sequences), nightly "
                    "(thousands, in 8 shards: add -n auto to spread them over workers, or --explore-shard K/N "
                    "--explore-seed S to run a part of them on each of N machines), bench (a few; the default).")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="For a bench that is a labgrid place: wait this long for the place, showing who holds it "
+                   "[default: do not wait; busy: exit status 6].")
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 def run(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], results: Path, report: bool,
-        stop_within: float | None, explore: str | None, pytest_args: tuple[str, ...]) -> None:
+        stop_within: float | None, explore: str | None, wait_s: float | None, pytest_args: tuple[str, ...]) -> None:
     """Run the suites against a bench. Extra arguments go to pytest (e.g. -k recovery -x).
 
     Writes Allure results to RESULTS/allure-results and a run record (one JSON object a line,
@@ -100,6 +107,10 @@ def run(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], re
     Ctrl-C or SIGTERM stops the run at a safe point: the recovery in progress ends, the job
     stops, the baseline is restored and read back, then the run exits 2. A second Ctrl-C only
     cuts the waiting short, never a switch command.
+
+    A bench that is a labgrid place (its place: section, or LG_PLACE and LG_COORDINATOR) is
+    reserved and acquired on the lab's coordinator for the run (--wait to queue for it), and
+    released at the end, whatever the end; the run record says who held it and when.
 
     \b
     Exit status:
@@ -116,7 +127,10 @@ def run(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], re
     # pytest empties the results folder itself once the options are known to be good, so a
     # mistyped option never wipes the last run's results.
     cmd = [sys.executable, "-m", "pytest", str(suites), "--bench", str(bench_path), "--alluredir", str(allure_results),
-           "--clean-alluredir", "--run-record", str(record), "-p", "no:cacheprovider", "--rootdir", str(suites)]
+           "--clean-alluredir", "--run-record", str(record), "-p", "no:cacheprovider", "--rootdir", str(suites),
+           # labgrid's own pytest plug-in (the labgrid extra) is not the suites' business: lumion-hil
+           # holds the place itself (harness/places.py)
+           "-p", "no:labgrid"]
     if time_scale is not None:
         cmd += ["--time-scale", str(time_scale)]
     for defect in defects:
@@ -126,7 +140,13 @@ def run(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], re
     cmd += list(pytest_args)
     click.echo(f"lumion-hil: bench {bench.name!r} ({bench_path})")
     grace = stop_within if stop_within is not None else 2 * bench.deadlines.opc_s + 30
-    status = _run_suites(cmd, grace)
+    with _holding_place(bench_path, bench, wait_s) as place_env:
+        status = _run_suites(cmd, grace, place_env)
+        held = place_env.get("LUMION_HIL_PLACE")
+    if held and record.exists():  # the record says when the place was let go, after the run's own end
+        with record.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"type": "note", "text": "place released", "place": json.loads(held)["place"],
+                                 "time": datetime.datetime.now().isoformat(timespec="milliseconds")}) + "\n")
     if record.exists():
         click.echo(f"lumion-hil: run record {record} ({how_it_ended(record)})")
     if status == ExitCode.NOTHING_COLLECTED:
@@ -142,12 +162,49 @@ def run(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], re
     sys.exit(status)
 
 
-def _run_suites(cmd: list[str], grace_s: float) -> int:
+@contextlib.contextmanager
+def _holding_place(bench_path: Path, bench, wait_s: float | None):
+    """For a bench that is a labgrid place: reserve, wait for (``wait_s``) and acquire it, and
+    release it at the end whatever happens. Yields the environment that tells the suites what
+    the place gives (empty for a bench without one). Busy: exit 6; a bad place: exit 4."""
+    from lumion_hil.harness.places import PLACE_ENV, PlaceBusy, PlaceError, hold, place_spec, wanted_from_place
+
+    spec = place_spec(bench.place)
+    if spec is None:
+        yield {}
+        return
+    data = yaml.safe_load(bench_path.read_text(encoding="utf-8"))
+    try:
+        place, info = hold(spec, wanted_from_place(data), wait_s,
+                           lambda text: click.echo(f"lumion-hil: {text}", err=True))
+    except PlaceBusy as exc:
+        click.echo(f"lumion-hil: bench busy: {exc}", err=True)
+        sys.exit(ExitCode.BENCH_BUSY)
+    except PlaceError as exc:
+        click.echo(f"lumion-hil: {exc}", err=True)
+        sys.exit(ExitCode.BENCH_OR_USAGE_ERROR)
+    click.echo(f"lumion-hil: acquired {spec.describe().replace(repr(spec.name), repr(info['place']), 1)} as "
+               f"{info['acquired_by']}" + (f", switch ports {port_ranges(info['ports'])}" if info["ports"] else ""))
+    try:
+        yield {PLACE_ENV: json.dumps(info)}
+    finally:
+        try:
+            place.release()
+            click.echo(f"lumion-hil: released place {info['place']!r}")
+        except PlaceError as exc:
+            click.echo(f"lumion-hil: could not release place {info['place']!r}: {exc}; `lumion-hil bench release` "
+                       "releases it", err=True)
+        finally:
+            place.close()
+
+
+def _run_suites(cmd: list[str], grace_s: float, extra_env: dict[str, str] | None = None) -> int:
     """Run pytest in its own process group, so a terminal's Ctrl-C reaches this wrapper alone;
     forward SIGINT and SIGTERM to pytest (which stops at a safe point), and wait for it, at
     most ``grace_s`` after the first signal. Only then, or if this wrapper is killed, is the
     whole group killed. Returns pytest's exit status."""
-    env = dict(os.environ, LUMION_HIL_RUN=os.environ.get("LUMION_HIL_RUN") or f"{os.getpid()}-{time.time_ns()}")
+    env = dict(os.environ, LUMION_HIL_RUN=os.environ.get("LUMION_HIL_RUN") or f"{os.getpid()}-{time.time_ns()}",
+               LUMION_HIL_WRAPPER_PID=str(os.getpid()), **(extra_env or {}))
     child = subprocess.Popen(cmd, start_new_session=True, env=env)
     signals: list[int] = []
     first_at: list[float] = []
@@ -477,6 +534,37 @@ def bench_restore(bench_path: Path) -> None:
     except HarnessError as exc:
         click.echo(f"lumion-hil: {exc}", err=True)
         sys.exit(ExitCode.BENCH_OR_USAGE_ERROR)
+
+
+@bench.command("release")
+@_bench_option
+def bench_release(bench_path: Path) -> None:
+    """Release a bench's labgrid place that a run left acquired (a run killed outright), and
+    cancel the reservation it held; says who held it. Nothing else is ever taken over: a place
+    held by a live run is released only by that run (or by labgrid-client release --kick)."""
+    from lumion_hil.harness.places import LabgridPlace, PlaceError, place_spec
+
+    bench = _load_or_exit(bench_path, None)
+    spec = place_spec(bench.place)
+    if spec is None or spec.name is None:
+        raise click.ClickException(f"bench {bench.name!r} names no labgrid place (a place: section with a name, or "
+                                   "LG_PLACE): its lock is a file on this machine, freed when its run ends")
+    place = LabgridPlace(spec)
+    try:
+        holder = place.holder()
+        if not holder.acquired_by:
+            click.echo(f"{spec.describe()}: not acquired; nothing to release")
+            return
+        if holder.stale is False:
+            raise click.ClickException(f"{spec.describe()} is held by a run that is still going: {holder.describe()}")
+        place.release_stale()
+        click.echo(f"{spec.describe()}: released; it was acquired by {holder.acquired_by}"
+                   + (f" ({holder.comment})" if holder.comment else ""))
+    except PlaceError as exc:
+        click.echo(f"lumion-hil: {exc}", err=True)
+        sys.exit(ExitCode.BENCH_OR_USAGE_ERROR)
+    finally:
+        place.close()
 
 
 @bench.command("schema")

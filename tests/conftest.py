@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -17,6 +18,12 @@ from lumion_hil.harness.binding import open_driver
 from lumion_hil.instruments.emulators.bench import EmulatedBench
 
 pytest_plugins = ["pytester"]
+
+# labgrid's own pytest plug-in (installed with the labgrid extra) costs about a second of CPU to
+# import and is no suite's business (lumion-hil holds places itself): every pytest these tests
+# start leaves it out, as `lumion-hil run` does.
+if "no:labgrid" not in os.environ.get("PYTEST_ADDOPTS", ""):
+    os.environ["PYTEST_ADDOPTS"] = (os.environ.get("PYTEST_ADDOPTS", "") + " -p no:labgrid").strip()
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHES = ROOT / "benches"

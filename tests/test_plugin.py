@@ -19,10 +19,15 @@ def test_after(optical_switch, world):
 """
 
 
+# labgrid's own pytest plug-in (installed with the labgrid extra) starts a process-wide logger in
+# its pytest_configure that refuses to start twice: in-process runs leave it out, as the suites do.
+NO_LABGRID = ("-p", "no:labgrid")
+
+
 def test_failed_measurement_fails_the_test_after_all_are_recorded(pytester):
     pytester.makepyfile(test_suite=SUITE)
     record = pytester.path / "record.jsonl"
-    result = pytester.runpytest("--bench", str(BENCHES / "emulated.yaml"), "--time-scale", "0.1",
+    result = pytester.runpytest(*NO_LABGRID, "--bench", str(BENCHES / "emulated.yaml"), "--time-scale", "0.1",
                                 "--run-record", str(record), "-p", "no:randomly")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*measurement out of limits*", "*too_slow = 2.5 s (model): fail (limit <= 1 s; made up)*"])
@@ -39,14 +44,14 @@ def test_hardware_marker_skips_on_an_emulated_bench(pytester):
         def test_needs_the_lab(bench):
             raise AssertionError("must not run")
     """)
-    result = pytester.runpytest("--bench", str(BENCHES / "emulated.yaml"))
+    result = pytester.runpytest(*NO_LABGRID, "--bench", str(BENCHES / "emulated.yaml"))
     result.assert_outcomes(skipped=1)
 
 
 def test_a_broken_bench_stops_the_run_with_its_problems(pytester):
     pytester.makepyfile("def test_x(bench): pass")
     bad = BENCHES.parent / "tests" / "bad_benches" / "04-port-out-of-range.yaml"
-    result = pytester.runpytest("--bench", str(bad))
+    result = pytester.runpytest(*NO_LABGRID, "--bench", str(bad))
     assert result.ret == 4  # pytest's usage error: nothing ran
     result.stderr.fnmatch_lines(["*04-port-out-of-range.yaml:*: topology.hosts[[]1[]].nics[[]0[]].tx_port: "
                                  "port 40 is not an ingress port*"])

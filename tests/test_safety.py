@@ -58,3 +58,35 @@ def test_a_bench_is_locked_by_one_run(tmp_path, monkeypatch):
         with pytest.raises(BenchInUseError, match=r"bench 'lab bench 1' is in use by pid \d+"):
             BenchLock("lab bench 1").acquire()
     BenchLock("lab bench 1").acquire().release()
+
+
+def test_a_bench_on_part_of_a_shared_switch_leaves_the_other_ports_alone(bench_cfg):
+    """``safety.owned_ports`` (from a labgrid place's ports tag): ports not the bench's own are
+    refused like protected ones, and what stands on them survives a baseline restore."""
+    from lumion_hil.harness.safety import GuardedSwitch
+
+    with BenchSession.open(bench_cfg) as session:
+        owned = {1, 2, 3, 4, 17, 18, 19, 20}
+        guarded = GuardedSwitch(session.switch, bench_cfg.safety.protected_ports, [(1, 20), (4, 17)], owned)
+        with pytest.raises(SafetyError, match=r"port\(s\) \[21\] are not this bench's own"):
+            guarded.connect([(2, 21)])
+        with pytest.raises(SafetyError, match="not this bench's own"):
+            guarded.disable_ports([5])
+        guarded.restore_baseline()  # the other bench's circuits (5->18, 3->22 ...) stay where they are
+        now = session.switch.connections()
+        assert {1: 20, 4: 17} == {i: e for i, e in now.items() if i in owned and e in owned}
+        assert {(i, e) for i, e in now.items() if {i, e} - owned} == \
+            {(i, e) for i, e in bench_cfg.safety.baseline if {i, e} - owned}
+        guarded.verify_baseline()
+
+
+def test_a_bench_whose_ports_are_not_its_own_is_refused(tmp_path):
+    from lumion_hil.harness.config import BenchFileError, load_bench
+
+    from conftest import BENCHES
+
+    text = (BENCHES / "emulated.yaml").read_text().replace("safety:\n", "safety:\n  owned_ports: [1, 2, 3, 4, 17, 18, 19, 20]\n")
+    bench = tmp_path / "part.yaml"
+    bench.write_text(text)
+    with pytest.raises(BenchFileError, match=r"port 5 \(host2.p0\) is not one of the bench's own ports 1-4,17-20"):
+        load_bench(bench)
