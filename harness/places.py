@@ -340,7 +340,8 @@ def address_of(name: str, cls: str, params: dict) -> str:
         return f"{scheme}://{params['host']}:{params['port']}"
     if cls == "NetworkService":
         port = int(params.get("port", 22))
-        return f"{params['username']}@{params['address']}" + (f":{port}" if port != 22 else "")
+        where = f"{params['username']}@{params['address']}"
+        return where if port == 22 else f"ssh://{where}:{port}"  # ssh's own URI form for another port
     raise PlaceError(f"resource {name!r} is a {cls}: lumion-hil takes instruments from PyVISADevice or "
                      "NetworkSerialPort resources and hosts from NetworkService ones")
 

@@ -44,8 +44,10 @@ class DiconMatrix(OpticalSwitch):
         self._dirty = False  # an exchange failed: a late reply may still be on its way
         device = port.removeprefix("ASRL").removesuffix("::INSTR")
         try:
-            self._serial = serial.Serial(device, baudrate=baud_rate, bytesize=8, parity="N", stopbits=1,
-                                         timeout=timeout_s, write_timeout=timeout_s)
+            # A device path, or a pyserial URL: socket://HOST:PORT or rfc2217://HOST:PORT for a
+            # matrix behind ser2net (a labgrid NetworkSerialPort).
+            self._serial = serial.serial_for_url(device, baudrate=baud_rate, bytesize=8, parity="N", stopbits=1,
+                                                 timeout=timeout_s, write_timeout=timeout_s)
         except (serial.SerialException, OSError, ValueError) as exc:
             raise InstrumentError(name, f"open {device}", f"cannot open the serial port: {exc}") from None
 

@@ -128,3 +128,20 @@ def test_move_completes_before_the_read_back_answers(serial_bench):
     switch.close()
     (lit,) = world.events_of("circuit.lit")
     assert lit.t_ns <= returned
+
+
+def test_a_matrix_behind_ser2net_is_opened_by_its_url(serial_bench):
+    """A serial matrix on a terminal server (ser2net, a labgrid NetworkSerialPort) is reached
+    as socket://HOST:PORT: the same lines over TCP."""
+    from lumion_hil.instruments.emulators.scpi import TcpScpiServer
+
+    server = TcpScpiServer(serial_bench.emulators["ocs"]).start()
+    try:
+        switch = _open(f"socket://127.0.0.1:{server.port}")
+        try:
+            switch.connect([(3, 20)])
+            assert switch.connections()[3] == 20
+        finally:
+            switch.close()
+    finally:
+        server.stop()

@@ -146,6 +146,8 @@ def test_addresses_and_ports_from_a_place():
     assert address_of("mx", "NetworkSerialPort", {"host": "rig1", "port": 5001, "protocol": "raw"}) \
         == "socket://rig1:5001"
     assert address_of("host0", "NetworkService", {"address": "10.0.1.1", "username": "lab"}) == "lab@10.0.1.1"
+    assert address_of("host1", "NetworkService", {"address": "10.0.1.2", "username": "lab", "port": 2222}) \
+        == "ssh://lab@10.0.1.2:2222"
     with pytest.raises(PlaceError, match="USBSerialPort"):
         address_of("x", "USBSerialPort", {})
     assert parse_ports("1-4,17-20, 9") == [1, 2, 3, 4, 17, 18, 19, 20, 9]
