@@ -64,3 +64,32 @@ def test_bad_channel_lists(text):
 def test_split_respects_parentheses_and_quotes():
     assert split_top_level('(@1,2),(@3,4)', ",") == ["(@1,2)", "(@3,4)"]
     assert split_top_level('A "x;y";B', ";") == ['A "x;y"', "B"]
+
+
+def test_the_standard_event_status_register_by_error_class(device):
+    """IEEE 488.2's ESR: PON at power-on, then each error class its own bit (a driver probing a
+    feature with an undefined header reads command error, 32, never query error, 4)."""
+    from lumion_hil.instruments.emulators.scpi import Number
+
+    device.command(":SENSe:TIME", lambda a: Number(1e-4, 10.0, 1e-4, "S").parse(a) and None)
+    assert device.handle_line("*ESR?") == "128" and device.handle_line("*ESR?") == "0"
+    device.handle_line(":bogus")
+    assert device.handle_line("*ESR?") == "32"
+    device.handle_line(":SENS:TIME 20 S")  # out of range: an execution error
+    assert device.handle_line("*ESR?") == "16"
+    device.handle_line(":SENS:TIME 100 US")  # 1e-4 s, the minimum, with a multiplier: no error
+    assert device.handle_line("*ESR?") == "0" and device.handle_line(":SYST:ERR?") == '-113,"Undefined header"'
+
+
+def test_status_byte_follows_the_enable_masks_even_inside_a_compound_message(device):
+    assert device.handle_line("*CLS;*ESE 60;*SRE 32;*ESE?;*SRE?") == "60;32"
+    assert device.handle_line("*STB?") == "0"
+    device.handle_line(":bogus")  # command error: ESR 32, enabled by *ESE 60: ESB, then MSS
+    assert device.handle_line("*STB?") == str(4 + 32 + 64)
+    device.handle_line("*CLS")
+    assert device.handle_line("*STB?") == "0" and device.handle_line("*ESE?;*SRE?") == "60;32"
+    device.handle_line("*ESE 0")
+    device.handle_line(":bogus")
+    assert device.handle_line("*STB?") == "4"  # the error is queued, but no enabled event
+    device.handle_line("*ESE 256")
+    assert device.handle_line(":SYST:ERR:ALL?").endswith('-222,"Data out of range"')

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import os
+import math
 import re
 import select
 import socket
@@ -256,6 +257,11 @@ class Number:
             if value != int(value):
                 raise ScpiError(*DATA_TYPE_ERROR)
             value = int(value)
+        # A limit written with a multiplier (100 US for 1e-4 s) is the limit: the multiplication's
+        # last bit of rounding does not put it out of range.
+        for limit in (self.minimum, self.maximum):
+            if math.isclose(value, limit, rel_tol=1e-9, abs_tol=0.0):
+                value = limit
         if not self.minimum <= value <= self.maximum:
             raise ScpiError(*DATA_OUT_OF_RANGE)
         return value
@@ -323,10 +329,17 @@ class ScpiDevice:
         self._errors_lock = threading.Lock()
         self.faults: dict[str, float | None] = {}  # name -> value; see FAULTS
         self.lines_seen = 0
-        self.esr = 0  # standard event status register
+        self.esr = 128  # standard event status register (IEEE 488.2 11.5.1); PON: just powered on
+        self.ese = 0  # its enable mask (*ESE): which events set the status byte's ESB bit
+        self.sre = 0  # the service request enable mask (*SRE)
+        mask = Number(0, 255, 0, integer=True)
         self.command("*CLS", self._cls)
         self.command("*ESR?", self._esr_query)
-        self.command("*STB?", lambda a: str(32 if self.esr else 0) if not a.strip() else _raise(PARAMETER_NOT_ALLOWED))
+        self.command("*ESE", lambda a: setattr(self, "ese", int(mask.parse(a))))
+        self.command("*ESE?", lambda a: no_args(a) or str(self.ese))
+        self.command("*SRE", lambda a: setattr(self, "sre", int(mask.parse(a)) & ~64))  # bit 6 cannot be enabled
+        self.command("*SRE?", lambda a: no_args(a) or str(self.sre))
+        self.command("*STB?", lambda a: no_args(a) or str(self.status_byte()))
         self.command("*OPC", lambda a: self._set_esr(1))
         self.command("*WAI", lambda a: None)
         self.command("*TST?", lambda a: "0")
@@ -378,7 +391,8 @@ class ScpiDevice:
         """The state after power comes back: the error queue empty, settings at their defaults
         (a model restores what it keeps in non-volatile memory)."""
         self.clear_errors()
-        self.esr = 0
+        self.esr = 128  # PON: the power came on (IEEE 488.2 11.5.1.1); *ESR? or *CLS clears it
+        self.ese = self.sre = 0  # cleared at power-on (the power-on status clear flag's default)
 
     # -- error queue ----------------------------------------------------------------------------
 
@@ -389,15 +403,34 @@ class ScpiDevice:
                     self._errors.append(QUEUE_OVERFLOW)
                 return
             self._errors.append((code, message))
-        self._set_esr(4 if code <= -100 and code > -200 else 16 if code <= -200 and code > -300 else 8)
+        self._set_esr(esr_bit(code))
 
     def _set_esr(self, bit: int) -> None:
         self.esr |= bit
 
+    def status_byte(self) -> int:
+        """IEEE 488.2's status byte with SCPI's summaries: 4 an error or event in the queue, 8
+        QUEStionable's summary, 32 ESB (an event of the ESR enabled by *ESE), 128 OPERation's
+        summary, 64 MSS (any of these enabled by *SRE). MAV (16) is 0: a reply is never pending
+        while a query is read here."""
+        stb = 4 if self._errors else 0
+        status = getattr(self, "status", {})
+        for name, bit in (("QUEStionable", 8), ("OPERation", 128)):
+            register = status.get(name)
+            if register and register["EVENt"] & register["ENABle"]:
+                stb |= bit
+        if self.esr & self.ese:
+            stb |= 32
+        if stb & self.sre:
+            stb |= 64
+        return stb
+
     def _cls(self, args: str) -> None:
         no_args(args)
         self.clear_errors()
-        self.esr = 0
+        self.esr = 0  # *CLS clears the event registers, not the enable masks (IEEE 488.2 10.3)
+        for register in getattr(self, "status", {}).values():
+            register["EVENt"] = 0
 
     def _esr_query(self, args: str) -> str:
         value, self.esr = self.esr, 0
@@ -488,6 +521,19 @@ class ScpiDevice:
 
 def _raise(error: tuple[int, str]):
     raise ScpiError(*error)
+
+
+def esr_bit(code: int) -> int:
+    """The standard event status register's bit an error sets (IEEE 488.2 11.5.1, SCPI-99 21.8):
+    -1xx command error 32, -2xx execution error 16, -4xx query error 4; -3xx and an instrument's
+    own (positive) codes device-dependent, 8."""
+    if -199 <= code <= -100:
+        return 32
+    if -299 <= code <= -200:
+        return 16
+    if -499 <= code <= -400:
+        return 4
+    return 8
 
 
 # --- transports ---------------------------------------------------------------------------------
