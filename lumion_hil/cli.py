@@ -505,7 +505,8 @@ def bench_check(files: tuple[Path, ...]) -> None:
 @_bench_option
 def bench_restore(bench_path: Path) -> None:
     """Put a bench's switch back to its baseline cross-connects and read it back (after a run
-    that was killed). Takes the bench's lock like a run; protected ports are left as they are."""
+    that was killed). Takes the bench's lock (or its labgrid place) like a run; protected ports,
+    and on a shared switch the other benches' ports, are left as they are."""
     from lumion_hil.harness.errors import BenchInUseError, HarnessError
     from lumion_hil.harness.session import BenchSession
 
@@ -525,9 +526,13 @@ def bench_restore(bench_path: Path) -> None:
     if bench.all_emulated:
         raise click.ClickException(f"bench {bench.name!r} is emulated in-process: there is nothing to restore")
     try:
-        with BenchSession.open(bench, restore=False) as session:
-            session.restore_baseline(verify=True)
-            click.echo(f"{session.switch.name}: at its baseline ({len(bench.safety.baseline)} cross-connects)")
+        with _holding_place(bench_path, bench, None) as place_env:  # a labgrid place: held like a run holds it
+            if place_env:
+                os.environ.update(place_env)
+                bench = _load_or_exit(bench_path, None)  # with the place's addresses and ports
+            with BenchSession.open(bench, restore=False) as session:
+                session.restore_baseline(verify=True)
+                click.echo(f"{session.switch.name}: at its baseline ({len(bench.safety.baseline)} cross-connects)")
     except BenchInUseError as exc:
         click.echo(f"lumion-hil: {exc}", err=True)
         sys.exit(ExitCode.BENCH_BUSY)

@@ -229,6 +229,11 @@ def test_two_places_share_one_switch_on_their_own_ports(tmp_path):
             for bench in (a, b):
                 for ingress, egress in yaml.safe_load(bench.read_text())["safety"]["baseline"]:
                     assert str(ingress) in state and str(egress) in state, (bench.name, state)
+            # bench restore holds the place as a run does, and restores its half alone.
+            restore = subprocess.run([sys.executable, "-m", "lumion_hil", "bench", "restore", "--bench", str(a)],
+                                     capture_output=True, text=True, timeout=120, cwd=tmp_path)
+            assert restore.returncode == 0 and "at its baseline (4 cross-connects)" in restore.stdout, restore
+            assert "acquired: None" in _client(coordinator, "-p", "bench-a", "show")
             # Ports claimed by both places are refused before anything moves.
             _client(coordinator, "-p", "bench-b", "set-tags", "ports=4-8,21-24", "switch=ocs1")
             clash = _run(tmp_path, a, "clash")
