@@ -344,7 +344,10 @@ def emulate(bench_path: Path, time_scale: float | None, defects: tuple[str, ...]
     """Serve the emulated instruments (and hosts) of a bench in the foreground.
 
     Prints each instrument's VISA resource string, so any VISA tool or script can talk to it
-    (pyvisa: ResourceManager('@py').open_resource(..., read_termination='\\n')). Ctrl-C stops."""
+    (pyvisa: ResourceManager('@py').open_resource(..., read_termination='\\n')), and for those
+    that also speak VXI-11 (the N77xx) a line `vxi11 NAME RESOURCE`: TCPIP0::127.0.0.N::inst0::INSTR
+    where this can serve the port mapper (port 111: as root), else pyvisa-py's
+    TCPIP0::127.0.0.N,PORT::inst0::INSTR. Ctrl-C stops."""
     import yaml
 
     from lumion_hil.harness.backends import load_backend
@@ -366,6 +369,8 @@ def emulate(bench_path: Path, time_scale: float | None, defects: tuple[str, ...]
         for name, spec in bench.instruments.items():
             if not spec.emulated:
                 click.echo(f"{name}\t{spec.model}\t(not emulated: {spec.resource})")
+        for name, server in getattr(emulated, "vxi11", {}).items():
+            click.echo(f"vxi11\t{name}\t{server.resource}")  # the same instrument, over VXI-11
         if emulated.world_service is not None:
             click.echo(f"hosts\tworld\t{emulated.world_service.address}")
         if bench_out:

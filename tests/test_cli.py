@@ -66,6 +66,26 @@ def test_emulate_serves_resources_a_separate_visa_session_can_query(tmp_path):
     assert proc.returncode == 0
 
 
+def test_emulate_prints_the_n77xx_over_vxi11_too():
+    proc = subprocess.Popen([sys.executable, "-m", "lumion_hil", "emulate", "--time-scale", "0.1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith("hosts\t"):
+                break
+        vxi11 = {n: r for kind, n, r in (line.split("\t") for line in lines if line.startswith("vxi11\t"))}
+        assert list(vxi11) == ["pm-lab"] and vxi11["pm-lab"].endswith("::inst0::INSTR"), lines
+        client = (f"import pyvisa; m = pyvisa.ResourceManager('@py').open_resource({vxi11['pm-lab']!r}, "
+                  "read_termination='\\n', write_termination='\\n', timeout=5000); print(m.query('*IDN?'))")
+        out = subprocess.run([sys.executable, "-c", client], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.startswith("Keysight Technologies,N77"), out.stderr
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=10)
+
+
 def test_run_writes_results_record_and_passes_pytest_args(tmp_path):
     proc = _cli("run", "--results", str(tmp_path), "--no-report", "--time-scale", "0.1", "-k", "matches_bench", "-q")
     assert proc.returncode == 0, proc.stdout + proc.stderr

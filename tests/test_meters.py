@@ -241,3 +241,29 @@ def test_out_of_range_fault_fails_a_power_verdict_and_passes_a_darkness_one(emul
     assert not received_power(bench_cfg).measure(value).passed
     assert not dark_after_disconnect(bench_cfg).measure(value).passed  # over range is not dark
     assert dark_after_disconnect(bench_cfg).measure(OutOfRange("under")).passed
+
+
+@pytest.mark.parametrize("case", KEYSIGHT, ids=lambda c: c.name)
+def test_keysight_same_case_over_vxi11(case, emulated):
+    """The N77xx as Keysight's tools address it, TCPIP0::<host>::inst0::INSTR (VXI-11; the
+    emulator serves the port mapper where it can bind port 111, else pyvisa-py's
+    TCPIP0::<host>,<port>::inst0::INSTR): the driver's cases pass as over the raw socket."""
+    case.setup(emulated.emulators["pm-lab"])
+    meter = _keysight(emulated.vxi11["pm-lab"].resource)
+    try:
+        _run(case, meter, case.emulator_check)
+    finally:
+        meter.close()
+
+
+def test_light_read_over_vxi11_is_the_worlds(emulated, bench_cfg):
+    meter = open_driver("pm-lab", bench_cfg.instruments["pm-lab"], emulated.vxi11["pm-lab"].resource)
+    try:
+        world = emulated.world
+        world.connect([(4, 17)])
+        time.sleep((world.switch_busy_until_ns() - world.now_ns()) / 1e9 + 0.002)
+        assert meter.read_dbm(1) == pytest.approx(-1.0 - 0.3 - 0.5 - 1.5 - 10.0, abs=0.15)
+        world.disconnect([(4, 17)])
+        assert meter.read_dbm(1) < -60
+    finally:
+        meter.close()

@@ -35,6 +35,7 @@ class EmulatedBench(BenchBackend):
         self._world = World(bench)
         self.emulators: dict[str, object] = {}
         self.servers: dict[str, object] = {}
+        self.vxi11: dict[str, object] = {}  # the instruments also served over VXI-11 (vxi11.py)
         self.world_service = None
 
     @property
@@ -58,6 +59,10 @@ class EmulatedBench(BenchBackend):
                 self.emulators[name] = device
                 self.servers[name] = server.start()
                 self.resources[name] = server.resource
+                if spec.model in VXI11_MODELS:  # the LAN transport its maker's tools address it by, too
+                    from lumion_hil.instruments.emulators.vxi11 import Vxi11Server
+
+                    self.vxi11[name] = Vxi11Server(device, host=f"127.0.0.{2 + len(self.vxi11)}").start()
                 for fault in spec.emulation.faults:
                     self.set_fault(name, fault)
         except BaseException:
@@ -176,13 +181,19 @@ class EmulatedBench(BenchBackend):
         return served_bench(self.bench, self)
 
     def stop(self) -> None:
-        for server in self.servers.values():
+        for server in [*self.servers.values(), *self.vxi11.values()]:
             server.stop()
         self.servers.clear()
+        self.vxi11.clear()
         if self.world_service is not None:
             self.world_service.stop()
             self.world_service = None
 
+
+
+# Models whose real instruments also answer VXI-11 (TCPIP0::<host>::inst0::INSTR): the N77xx
+# (Keysight's programming guide addresses them so). The Polatis answers raw SCPI on its port only.
+VXI11_MODELS = ("keysight-n77xx",)
 
 
 class ServedWorld(BenchBackend):
