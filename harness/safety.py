@@ -59,16 +59,25 @@ class GuardedSwitch(OpticalSwitch):
         self.disconnect(self._unprotected(self.connections().items()))
 
     def replace_all(self, pairs: Pairs) -> None:
+        """Make ``pairs`` this bench's only cross-connects, from one reading of the switch: the
+        circuits on protected ports, or on another bench's (which that bench may be changing
+        right now), are left alone whatever they are."""
         items = as_pairs(pairs)
         self._refuse_protected(f"connect {items}", [p for pair in items for p in pair])
-        current = self.connections().items()
+        current = set(self.connections().items())
         keep = [pair for pair in current if any(self._off_limits(p) for p in pair)]
         blocked = [(pair, kept) for pair in items if pair not in keep for kept in keep if set(pair) & set(kept)]
         if blocked:
             listed = "; ".join(f"{want} needs a port of {kept}" for want, kept in blocked)
             raise SafetyError(f"{self.name}: cannot make {items}: a circuit on a protected port, or on another "
                               f"bench's, stands in the way ({listed}). Those are never switched: clear it by hand")
-        OpticalSwitch.replace_all(self, items + keep)
+        wanted = set(items)
+        remove = sorted(current - wanted - set(keep))
+        if remove:
+            self.disconnect(remove)
+        add = sorted(wanted - current)
+        if add:
+            self.connect(add)
 
     def restore_baseline(self) -> None:
         """Back to the bench's baseline cross-connects, leaving protected ports as they are."""
