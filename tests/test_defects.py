@@ -141,7 +141,7 @@ STILL_GREEN = {
 MAY_TURN_RED = {"ignores_fading_light": {"sequences_explored", "sequence_recovery_time"}}
 
 # Options beyond the bench, the scale and -k that a proof runs with.
-EXTRA = {"ignores_fading_light": ["--explore", "ci", "--explore-sequences", "30"]}
+EXTRA = {"ignores_fading_light": ["--explore", "ci", "--explore-sequences", "15"]}
 
 
 def run_with_defect(tmp_path, defect, suites, k, scale, bench_factory):

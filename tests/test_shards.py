@@ -51,9 +51,16 @@ def test_parts_take_every_shard_once():
             shards_of_part("nightly", bad)
 
 
+def _whole_profile() -> list[tuple]:
+    """What the unsplit profile runs: every shard, with the seed and the sequences the suite
+    gives it (test_failure_sequences.py: the profile's seed + shard, sequences // shards)."""
+    from lumion_hil.harness.exploration import profile
+
+    whole = profile("nightly", int(SEED), Path("."), 8)
+    return [(i, whole.seed + i, whole.sequences // whole.shards) for i in range(whole.shards)]
+
+
 def test_four_parts_explore_what_the_whole_profile_explores_and_report_adds_them_up(tmp_path):
-    whole = _explore(tmp_path, tmp_path / "whole")
-    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-2000:]
     parts = []
     for k in range(1, 5):
         folder = tmp_path / f"part{k}"
@@ -62,7 +69,7 @@ def test_four_parts_explore_what_the_whole_profile_explores_and_report_adds_them
         assert [s[0] for s in _shards(folder)] == [k - 1, k + 3], f"part {k}/4 ran {_shards(folder)}"
         parts.append(folder)
     # The same shards, each with the seed and the number of sequences it has in the whole profile.
-    assert sorted(s for p in parts for s in _shards(p)) == _shards(tmp_path / "whole")
+    assert sorted(s for p in parts for s in _shards(p)) == _whole_profile()
 
     merged = _cli(tmp_path, "report", *map(str, parts), "--results", str(tmp_path / "nightly"))
     assert "merged 4 results" in merged.stdout, merged.stdout + merged.stderr
@@ -71,8 +78,8 @@ def test_four_parts_explore_what_the_whole_profile_explores_and_report_adds_them
     told = sum(m["value"] for p in parts for m in map(json.loads, next((p / "records").glob("run-*.jsonl"))
                .read_text().splitlines()) if m["type"] == "measurement" and m["name"] == "sequences_explored")
     assert explored["sequences_explored"] == told > 0
-    assert explored["sequences_run"] == sum(s[2] for s in _shards(tmp_path / "whole"))
-    assert [tuple(s[1:]) for s in explored["shards"]] == [(s[0], s[1]) for s in _shards(tmp_path / "whole")]
+    assert explored["sequences_run"] == sum(s[2] for s in _whole_profile())
+    assert [tuple(s[1:]) for s in explored["shards"]] == [(s[0], s[1]) for s in _whole_profile()]
     assert len(summary["parts"]) == 4 and summary["outcome"] == "passed"
     assert summary["counts"] == {"passed": 8}
     markdown = (tmp_path / "nightly" / "summary.md").read_text()
