@@ -55,10 +55,14 @@ class PlaceSpec:
         return f"place {what!r} on {self.coordinator}"
 
 
-def place_spec(section) -> PlaceSpec | None:
-    """The bench's place: its ``place:`` section (``section``, or None), with ``LG_COORDINATOR``
-    and ``LG_PLACE`` taking precedence as they do for labgrid-client. None: no place, the local
-    file lock guards the bench."""
+def place_spec(bench) -> PlaceSpec | None:
+    """The bench's place: its ``place:`` section, with ``LG_COORDINATOR`` and ``LG_PLACE``
+    taking precedence as they do for labgrid-client (for a bench wholly emulated in-process,
+    only where its file names a place: an engineer's LG_PLACE is not the default bench's).
+    None: no place, the local file lock guards the bench."""
+    section = bench.place
+    if section is None and bench.all_emulated:
+        return None
     name = os.environ.get("LG_PLACE") or (section.name if section is not None else None)
     if section is None and not name:
         return None

@@ -169,7 +169,7 @@ def _holding_place(bench_path: Path, bench, wait_s: float | None):
     the place gives (empty for a bench without one). Busy: exit 6; a bad place: exit 4."""
     from lumion_hil.harness.places import PLACE_ENV, PlaceBusy, PlaceError, hold, place_spec, wanted_from_place
 
-    spec = place_spec(bench.place)
+    spec = place_spec(bench)
     if spec is None:
         yield {}
         return
@@ -555,7 +555,7 @@ def bench_release(bench_path: Path) -> None:
     from lumion_hil.harness.places import LabgridPlace, PlaceError, place_spec
 
     bench = _load_or_exit(bench_path, None)
-    spec = place_spec(bench.place)
+    spec = place_spec(bench)
     if spec is None or spec.name is None:
         raise click.ClickException(f"bench {bench.name!r} names no labgrid place (a place: section with a name, or "
                                    "LG_PLACE): its lock is a file on this machine, freed when its run ends")
