@@ -548,10 +548,13 @@ def bench_restore(bench_path: Path) -> None:
 
 @bench.command("release")
 @_bench_option
-def bench_release(bench_path: Path) -> None:
+@click.option("--force", is_flag=True, help="Release it even where lumion-hil cannot tell that its holder is gone "
+                                            "(a run on another machine, or not a lumion-hil run).")
+def bench_release(bench_path: Path, force: bool) -> None:
     """Release a bench's labgrid place that a run left acquired (a run killed outright), and
-    cancel the reservation it held; says who held it. Nothing else is ever taken over: a place
-    held by a live run is released only by that run (or by labgrid-client release --kick)."""
+    cancel the reservation it held; says who held it. Nothing else is taken over: a place held
+    by a live run on this machine is never released here, and one held from another machine (or
+    not by a lumion-hil run) only with --force."""
     from lumion_hil.harness.places import LabgridPlace, PlaceError, place_spec
 
     bench = _load_or_exit(bench_path, None)
@@ -567,6 +570,9 @@ def bench_release(bench_path: Path) -> None:
             return
         if holder.stale is False:
             raise click.ClickException(f"{spec.describe()} is held by a run that is still going: {holder.describe()}")
+        if holder.stale is None and not force:
+            raise click.ClickException(f"{spec.describe()} is held by {holder.describe()}: from here lumion-hil cannot "
+                                       "tell whether that holder is gone; ask them, or release it with --force")
         place.release_stale()
         click.echo(f"{spec.describe()}: released; it was acquired by {holder.acquired_by}"
                    + (f" ({holder.comment})" if holder.comment else ""))
