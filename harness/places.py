@@ -353,13 +353,11 @@ def address_of(name: str, cls: str, params: dict) -> str:
 PLACE_ENV = "LUMION_HIL_PLACE"  # what `lumion-hil run` tells the suites of the place it holds (JSON)
 
 
-def wanted_from_place(data: dict) -> list[str]:
-    """The names a bench file (as data) takes from its place: instruments whose ``resource``
-    and hosts whose ``address`` is ``place``."""
-    names = [n for n, spec in (data.get("instruments") or {}).items()
-             if isinstance(spec, dict) and spec.get("resource") == "place"]
-    hosts = ((data.get("topology") or {}).get("hosts") or [])
-    return names + [h.get("name") for h in hosts if isinstance(h, dict) and h.get("address") == "place"]
+def wanted_from_place(bench) -> list[str]:
+    """The names a bench takes from its place: instruments whose ``resource`` and hosts whose
+    ``address`` is ``place`` (a bench file read without a held place keeps the word)."""
+    return [n for n, spec in bench.instruments.items() if spec.resource == "place"] + \
+        [h.name for h in bench.topology.hosts if h.address == "place"]
 
 
 def apply_place(data: dict, info: dict) -> dict:

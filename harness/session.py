@@ -16,7 +16,7 @@ from lumion_hil.harness.config import Bench, Detector, MeterInstrument, SwitchIn
 from lumion_hil.harness.errors import HarnessError
 from lumion_hil.harness.interrupts import INTERRUPTS, critical, shield
 from lumion_hil.harness.lock import BenchLock
-from lumion_hil.harness.places import PLACE_ENV
+from lumion_hil.harness.places import PLACE_ENV, wanted_from_place
 from lumion_hil.harness.safety import GuardedSwitch
 from lumion_hil.harness.timeline import Timeline
 from lumion_hil.instruments.backend import BenchBackend
@@ -74,8 +74,7 @@ class BenchSession:
         return session
 
     def _open(self, restore: bool) -> None:
-        unresolved = [f"instrument {n}" for n, spec in self.bench.instruments.items() if spec.resource == "place"]
-        unresolved += [f"host {h.name}" for h in self.bench.topology.hosts if h.address == "place"]
+        unresolved = wanted_from_place(self.bench)
         if unresolved:
             raise HarnessError(f"bench {self.bench.name!r}: {', '.join(unresolved)} take their address from the bench's "
                              "labgrid place, and this run holds none: run it with `lumion-hil run` (which reserves "

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import click
-import yaml
 
 from lumion_hil.harness.config import port_ranges, bench_json_schema, load_bench
 from lumion_hil.harness.errors import BenchFileError
@@ -140,7 +139,7 @@ def run(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], re
     cmd += list(pytest_args)
     click.echo(f"lumion-hil: bench {bench.name!r} ({bench_path})")
     grace = stop_within if stop_within is not None else 2 * bench.deadlines.opc_s + 30
-    with _holding_place(bench_path, bench, wait_s) as place_env:
+    with _holding_place(bench, wait_s) as place_env:
         status = _run_suites(cmd, grace, place_env)
         held = place_env.get("LUMION_HIL_PLACE")
     if held and record.exists():  # the record says when the place was let go, after the run's own end
@@ -163,7 +162,7 @@ def run(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], re
 
 
 @contextlib.contextmanager
-def _holding_place(bench_path: Path, bench, wait_s: float | None):
+def _holding_place(bench, wait_s: float | None):
     """For a bench that is a labgrid place: reserve, wait for (``wait_s``) and acquire it, and
     release it at the end whatever happens. Yields the environment that tells the suites what
     the place gives (empty for a bench without one). Busy: exit 6; a bad place: exit 4."""
@@ -173,9 +172,8 @@ def _holding_place(bench_path: Path, bench, wait_s: float | None):
     if spec is None:
         yield {}
         return
-    data = yaml.safe_load(bench_path.read_text(encoding="utf-8"))
     try:
-        place, info = hold(spec, wanted_from_place(data), wait_s,
+        place, info = hold(spec, wanted_from_place(bench), wait_s,
                            lambda text: click.echo(f"lumion-hil: {text}", err=True))
     except PlaceBusy as exc:
         click.echo(f"lumion-hil: bench busy: {exc}", err=True)
@@ -531,7 +529,7 @@ def bench_restore(bench_path: Path) -> None:
     if bench.all_emulated:
         raise click.ClickException(f"bench {bench.name!r} is emulated in-process: there is nothing to restore")
     try:
-        with _holding_place(bench_path, bench, None) as place_env:  # a labgrid place: held like a run holds it
+        with _holding_place(bench, None) as place_env:  # a labgrid place: held like a run holds it
             if place_env:
                 os.environ.update(place_env)
                 bench = _load_or_exit(bench_path, None)  # with the place's addresses and ports

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from lumion_hil.harness.exit_codes import MEANING, ExitCode
 from lumion_hil.harness.records import read_record
+from lumion_hil.reports.summary import newest_record
 
 # Worst first: the merged run ended as its worst part did (a record without a closing line is of
 # a run that crashed or was killed).
@@ -32,11 +33,11 @@ class MergeError(Exception):
 
 
 def _newest_record(folder: Path) -> Path:
-    records = sorted((folder / "records").glob("run-*.jsonl"), key=lambda p: p.stat().st_mtime)
-    if not records:
+    record = newest_record(folder)
+    if record is None:
         raise MergeError(f"{folder}: no run record in {folder / 'records'} (is it a folder `lumion-hil run "
                          "--results` wrote?)")
-    return records[-1]
+    return record
 
 
 def _is_own_summary(path: Path) -> bool:

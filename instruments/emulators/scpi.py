@@ -588,7 +588,9 @@ class _LineHandler(socketserver.StreamRequestHandler):
             server.connections.discard(self.connection)  # type: ignore[attr-defined]
 
 
-class _ThreadingServer(socketserver.ThreadingTCPServer):
+class ThreadingServer(socketserver.ThreadingTCPServer):
+    """A TCP server for an emulated instrument's clients: a thread each, Nagle off."""
+
     daemon_threads = True
     allow_reuse_address = True
     block_on_close = False
@@ -613,8 +615,8 @@ class TcpScpiServer:
         self._power = threading.Lock()
         self._closed = False
 
-    def _make_server(self, host: str, port: int) -> _ThreadingServer:
-        server = _ThreadingServer((host, port), _LineHandler)
+    def _make_server(self, host: str, port: int) -> ThreadingServer:
+        server = ThreadingServer((host, port), _LineHandler)
         server.device = self.device  # type: ignore[attr-defined]
         server.clients_seen = 0  # type: ignore[attr-defined]
         server.connections = set()  # type: ignore[attr-defined]

@@ -26,6 +26,8 @@ import struct
 import threading
 import time
 
+from lumion_hil.instruments.emulators.scpi import ThreadingServer
+
 DEVICE_CORE_PROG, DEVICE_CORE_VERS = 0x0607AF, 1
 PMAP_PROG, PMAP_VERS, PMAP_PORT = 100000, 2, 111
 IPPROTO_TCP = 6
@@ -119,12 +121,6 @@ class _RpcHandler(socketserver.StreamRequestHandler):
                 return
 
 
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    block_on_close = False
-
-
 class _Link:
     def __init__(self, lid: int, device: str):
         self.lid, self.device = lid, device
@@ -143,12 +139,12 @@ class Vxi11Server:
         self._lock = threading.Lock()
         self._lids = itertools.count(1)
         self._locked_by: int | None = None
-        self._core = _Server((host, port), _RpcHandler)
+        self._core = ThreadingServer((host, port), _RpcHandler)
         self._core.serve_call = self._core_call  # type: ignore[attr-defined]
-        self._pmap: _Server | None = None
+        self._pmap: ThreadingServer | None = None
         if portmapper:
             try:
-                self._pmap = _Server((host, PMAP_PORT), _RpcHandler)
+                self._pmap = ThreadingServer((host, PMAP_PORT), _RpcHandler)
                 self._pmap.serve_call = self._pmap_call  # type: ignore[attr-defined]
             except OSError:  # not root, or a port mapper (rpcbind) already there
                 self._pmap = None
