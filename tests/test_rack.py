@@ -250,6 +250,34 @@ def test_a_joined_pair_carries_its_shaped_rate_and_the_uplink_follows_set_uplink
     assert 20 * 0.9 <= slowed <= 20 * 1.05
 
 
+def test_uplinks_queue_whole_windows_of_hosts_whose_send_buffers_are_capped(fresh):
+    """Two cubic flows through an uplink's FIFO must not overflow it (see UPLINK_WINDOWS): each
+    host's TCP send buffer is capped, and both ends of every uplink queue UPLINK_WINDOWS such
+    windows, also once reshaped; the hosts' own links keep the short queue."""
+    wmem = fresh.run_in("gpu0", lambda: open("/proc/sys/net/ipv4/tcp_wmem").read().split())
+    assert int(wmem[2]) == rack_module.TCP_WMEM_MAX
+
+    def limits() -> dict[str, int]:  # tbf's byte limit per link (tc prints it as a latency)
+        ipr = rack_module._netlink_in(fresh.tor_netns)
+        try:
+            names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.link("dump")}
+            return {names[q["index"]]: q.get_attr("TCA_OPTIONS").get_attr("TCA_TBF_PARMS")["limit"]
+                    for q in ipr.get_qdiscs() if q.get_attr("TCA_KIND") == "tbf"}
+        finally:
+            ipr.close()
+
+    try:
+        for uplink in (UPLINK_MBIT, 20):
+            fresh.set_uplink_mbit(uplink)
+            got = limits()
+            burst = max(int(uplink * 1e6 / 8 * rack_module.BURST_S), rack_module.BURST_MIN)
+            for end in ("up0", "sp0", "up1", "sp1"):
+                assert got[end] >= burst + rack_module.UPLINK_QUEUE_MIN, (uplink, end, got)
+            assert got["e0"] < rack_module.UPLINK_QUEUE_MIN, got  # a host's port: the short queue
+    finally:
+        fresh.set_uplink_mbit(UPLINK_MBIT)
+
+
 # -- 4. build, teardown, stale racks -------------------------------------------------------------
 
 
