@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
@@ -85,12 +86,19 @@ class SwitchEmulation(_Model):
     """How the emulated switch behaves. Used only when the instrument's resource is ``emulated``."""
 
     switching_time_s: NonNegativeFloat = 0.05
+    switching_jitter_s: NonNegativeFloat = Field(0.0, description="spread (standard deviation) of one connection's "
+                                                 "switching time: each connection draws its own, never below zero "
+                                                 "(0: every one takes switching_time_s)")
     insertion_loss_db: NonNegativeFloat = 1.5
     monitor_floor_dbm: float = -50.0
     monitor_noise_db: NonNegativeFloat = 0.02
     command_latency_s: NonNegativeFloat = 0.0002
     port_loss_db: dict[int, NonNegativeFloat] = Field(default={}, description="extra loss at some ports (a dirty "
                                                       "or damaged connector), port -> dB")
+    connection_loss_db: dict[str, float] = Field(default={}, description="loss of some connections beyond "
+                                                 "insertion_loss_db, 'INGRESS-EGRESS' -> dB (a beam-steering "
+                                                 "switch's loss differs from port pair to port pair; lumion-hil "
+                                                 "calibrate fits it)")
     crosstalk_db: float | None = Field(None, description="light of every lit ingress leaking into each dark egress, "
                                        "this many dB down (None: none)")
     reported_ports: tuple[PositiveInt, PositiveInt] | None = Field(None, description="the size the switch reports, "
@@ -101,6 +109,18 @@ class SwitchEmulation(_Model):
                                      "N-VST-<in>x<out>-HU1-EMU), for scripts that check for their model")
 
     _faults = field_validator("faults")(_instrument_faults)
+
+    @field_validator("connection_loss_db")
+    @classmethod
+    def _pairs(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, loss in value.items():
+            if not re.fullmatch(r"\d+-\d+", key):
+                raise ValueError(f"key {key!r} is not a connection 'INGRESS-EGRESS' (e.g. '3-19')")
+        return value
+
+    def loss_of(self, ingress: int, egress: int) -> float:
+        """The extra loss of one connection (connection_loss_db), 0 where none is given."""
+        return self.connection_loss_db.get(f"{ingress}-{egress}", 0.0)
 
 
 class MeterEmulation(_Model):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import random
 import threading
 import time
 import uuid
@@ -121,6 +122,10 @@ class World:
         self.ingress_ports = switch.ingress_ports
         self.egress_ports = switch.egress_ports
         self.switching_time_ns = self.scaled_ns(switch.emulation.switching_time_s)
+        self.switching_jitter_ns = self.scaled_ns(switch.emulation.switching_jitter_s)
+        self._switching_rng = random.Random(f"{bench.emulator.seed}/switching")
+        self.connection_loss_db = {tuple(int(p) for p in key.split("-")): loss
+                                   for key, loss in switch.emulation.connection_loss_db.items()}
         self.insertion_loss_db = switch.emulation.insertion_loss_db
         self.port_loss_db = dict(switch.emulation.port_loss_db)  # a damaged connector: always there
         self.crosstalk_db = switch.emulation.crosstalk_db
@@ -204,7 +209,8 @@ class World:
 
         Connections settle one after another, ``switching_time_s`` each (a beam-steering
         switch's controller moves one beam pair at a time: assumption from "about 50 ms per
-        connection"). A pair that already exists is left as it is."""
+        connection"), each drawing its own time where ``switching_jitter_s`` spreads it. A
+        pair that already exists is left as it is."""
         pairs = list(pairs)
         with self.lock:
             t = self.now_ns() if t_ns is None else t_ns
@@ -223,8 +229,9 @@ class World:
                 new.append((ingress, egress))
             start = max(t, self._busy_until_ns)
             self.record(t, "switch.command", "connect", pairs=new)
-            for k, (ingress, egress) in enumerate(new, start=1):
-                lit = start + k * self.switching_time_ns
+            lit = start
+            for ingress, egress in new:
+                lit += self._switching_ns()
                 circuit = Circuit(ingress, egress, t, lit)
                 self.circuits.append(circuit)
                 self._touch(egress)
@@ -238,6 +245,12 @@ class World:
                 self._note_protected(t, ingress, egress)
             self.changed.notify_all()
             return max(self._busy_until_ns, t)
+
+    def _switching_ns(self) -> int:
+        """One connection's switching time: switching_time_s, spread by switching_jitter_s."""
+        if not self.switching_jitter_ns:
+            return self.switching_time_ns
+        return max(0, int(self._switching_rng.gauss(self.switching_time_ns, self.switching_jitter_ns)))
 
     def disconnect(self, pairs: Iterable[tuple[int, int]] | None = None, t_ns: int | None = None) -> None:
         """Remove the given (ingress, egress) connections, or all of them. Light is lost at once:
@@ -387,7 +400,8 @@ class World:
             arriving = self._ingress_power(circuit.ingress, t)
             if arriving is None:
                 return None
-            power = arriving - self.insertion_loss_db - self.connector_loss_db - self._extra(port, t)
+            power = arriving - self.insertion_loss_db - self.connection_loss_db.get((circuit.ingress, port), 0.0) \
+                - self.connector_loss_db - self._extra(port, t)
             return None if math.isinf(power) else power
 
     def _lit_into(self, egress: int, t: int) -> Circuit | None:
