@@ -30,6 +30,7 @@ import yaml
 from lumion_hil.harness.controller import RecoveryResult, load_controller
 from lumion_hil.harness.errors import HarnessError
 from lumion_hil.harness.faults import Fault, FaultNotPossible, Injector
+from lumion_hil.instruments import transcript
 from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.recovery import NotRestarted, rank_map, recover_from
 from lumion_hil.instruments.backend import NIC_FAULTS, FaultKind
@@ -386,6 +387,7 @@ class Explorer:
         world = session.world
         if world is not None:  # emulated: whatever a story broke, heal all of it
             world.heal()
+            transcript.note("heal")
             # a circuit on a protected port is one a broken controller made (the guard never
             # switches it back): in the emulated world it can be undone
             stray = [(i, e) for i, e in world.connections().items() if {i, e} & self.protected]

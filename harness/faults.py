@@ -7,10 +7,12 @@ switch, close a port's shutter), and the ones a bench cannot make say why.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
 from lumion_hil.harness.errors import HarnessError
+from lumion_hil.instruments import transcript
 from lumion_hil.instruments.backend import Fault, FaultKind
 
 __all__ = ["CATALOGUE", "Fault", "FaultKind", "FaultNotPossible", "Injector"]
@@ -119,6 +121,9 @@ class Injector:
             raise FaultNotPossible(f"{fault.describe()}: not possible on bench {self.bench.name!r}: {why}")
         t = maker.inject(fault)
         self.session.timeline.event("fault.injected", t, kind=fault.kind, target=fault.describe())
+        # A fault the backend made is not an exchange on the wire: the transcript says what it was,
+        # so that a replay makes it too (one made by hand is in the transcript as its commands).
+        transcript.write_fault(dataclasses.asdict(fault), t, by_backend=maker is self.session.backend)
         return t
 
     def repair(self, fault: Fault) -> None:
@@ -127,3 +132,5 @@ class Injector:
         maker, _ = self._maker(fault.kind)
         if maker is not None:
             maker.repair(fault)
+            transcript.write_fault(dataclasses.asdict(fault), None, by_backend=maker is self.session.backend,
+                                   kind="repair")

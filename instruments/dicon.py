@@ -21,6 +21,7 @@ from typing import Iterable
 
 import serial
 
+from lumion_hil.instruments import transcript
 from lumion_hil.instruments.protocols import (
     Identity,
     InstrumentError,
@@ -53,7 +54,12 @@ class DiconMatrix(OpticalSwitch):
 
     # -- wire -------------------------------------------------------------------------------------
 
-    def _write(self, line: str) -> None:
+    def _write(self, line: str, record: bool = True) -> None:
+        if record and transcript.current() is not None:
+            t_ns = time.perf_counter_ns()
+            self._write(line, record=False)
+            transcript.exchange("serial", self.name, t_ns, command=line)
+            return
         if self.pace_s:
             wait = self._last + self.pace_s - time.perf_counter()
             if wait > 0:
@@ -97,8 +103,18 @@ class DiconMatrix(OpticalSwitch):
             if self._dirty:
                 self._resync()
             self._serial.reset_input_buffer()  # a stray line must not pass for this answer
-            self._write(line)
-            return self._readline(line)
+            if transcript.current() is None:
+                self._write(line)
+                return self._readline(line)
+            t_ns = time.perf_counter_ns()
+            try:
+                self._write(line, record=False)
+                reply = self._readline(line)
+            except InstrumentError as exc:
+                transcript.exchange("serial", self.name, t_ns, command=line, error=exc.reason)
+                raise
+            transcript.exchange("serial", self.name, t_ns, command=line, reply=reply)
+            return reply
 
     def _output_of(self, ingress: int) -> int:
         command = f"X{self.module} CH {ingress}?"

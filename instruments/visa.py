@@ -15,6 +15,7 @@ import time
 import pyvisa
 from pyvisa import constants, errors as visa_errors
 
+from lumion_hil.instruments import transcript
 from lumion_hil.instruments.protocols import InstrumentError, InstrumentIOError
 
 _rm_lock = threading.Lock()
@@ -114,7 +115,20 @@ class VisaSession:
         self._last_write = time.perf_counter()
 
     def _exchange(self, command: str, what: str, action, timeout_s: float | None, errors: tuple = ()):
-        """Run one exchange under its deadline, reconnecting first if the last one failed."""
+        """Run one exchange under its deadline, reconnecting first if the last one failed; in
+        the run's transcript, if it has one."""
+        if transcript.current() is None:
+            return self._run_exchange(command, what, action, timeout_s, errors)
+        t_ns = time.perf_counter_ns()
+        try:
+            reply = self._run_exchange(command, what, action, timeout_s, errors)
+        except InstrumentError as exc:
+            transcript.exchange("scpi", self.name, t_ns, command=command, error=exc.reason)
+            raise
+        transcript.exchange("scpi", self.name, t_ns, command=command, reply=reply)
+        return reply
+
+    def _run_exchange(self, command: str, what: str, action, timeout_s: float | None, errors: tuple):
         limit = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + limit
         retried = False
@@ -141,7 +155,7 @@ class VisaSession:
                     raise InstrumentIOError(self.name, command, "reply is not text") from None
 
     def write(self, command: str) -> None:
-        self._exchange(command, "write failed", lambda: self._res.write(command), None)
+        self._exchange(command, "write failed", lambda: (self._res.write(command), None)[1], None)
 
     @contextmanager
     def _timeout(self, timeout_s: float | None):

@@ -94,9 +94,14 @@ def main() -> None:
 @click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="For a bench that is a labgrid place: wait this long for the place, showing who holds it "
                    "[default: do not wait; busy: exit status 6].")
+@click.option("--record", "record_transcript", is_flag=True,
+              help="Record every instrument exchange and agent request and reply, with both clocks, to "
+                   "RESULTS/records/transcript-<stamp>.jsonl (attached to the report): what lumion-hil "
+                   "fidelity replays and lumion-hil calibrate fits a twin to.")
 @click.argument("pytest_args", nargs=-1, type=click.UNPROCESSED)
 def run(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], results: Path, report: bool,
-        stop_within: float | None, explore: str | None, wait_s: float | None, pytest_args: tuple[str, ...]) -> None:
+        stop_within: float | None, explore: str | None, wait_s: float | None, record_transcript: bool,
+        pytest_args: tuple[str, ...]) -> None:
     """Run the suites against a bench. Extra arguments go to pytest (e.g. -k recovery -x).
 
     Writes Allure results to RESULTS/allure-results and a run record (one JSON object a line,
@@ -136,6 +141,9 @@ def run(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], re
         cmd += ["--defect", defect]
     if explore:
         cmd += ["--explore", explore]
+    transcript_path = results / "records" / f"transcript-{stamp}.jsonl"
+    if record_transcript:
+        cmd += ["--transcript", str(transcript_path)]
     cmd += list(pytest_args)
     click.echo(f"lumion-hil: bench {bench.name!r} ({bench_path})")
     grace = stop_within if stop_within is not None else 2 * bench.deadlines.opc_s + 30
@@ -148,6 +156,8 @@ def run(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], re
                                  "time": datetime.datetime.now().isoformat(timespec="milliseconds")}) + "\n")
     if record.exists():
         click.echo(f"lumion-hil: run record {record} ({how_it_ended(record)})")
+    if record_transcript and transcript_path.exists():
+        click.echo(f"lumion-hil: transcript {transcript_path}")
     if status == ExitCode.NOTHING_COLLECTED:
         click.echo("lumion-hil: no suite was collected (check -k / paths); treating as a failure", err=True)
     elif status == ExitCode.BENCH_OR_USAGE_ERROR:
@@ -462,6 +472,92 @@ def replay_cmd(story_file: Path, bench_path: Path, time_scale: float | None, def
         sys.exit(ExitCode.BENCH_OR_USAGE_ERROR)
     click.echo("lumion-hil: every promise kept" if kept else "lumion-hil: a promise was broken (above)")
     sys.exit(ExitCode.PASSED if kept else ExitCode.TESTS_FAILED)
+
+
+def _read_transcript_or_exit(path: Path) -> dict:
+    from lumion_hil.instruments import transcript
+
+    try:
+        return transcript.read(path)[0]
+    except ValueError as exc:
+        click.echo(f"lumion-hil: {exc}", err=True)
+        sys.exit(ExitCode.BENCH_OR_USAGE_ERROR)
+
+
+@main.command("fidelity")
+@click.argument("transcript_file", metavar="TRANSCRIPT", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_bench_option
+@_scale_option
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the report as JSON to this file.")
+def fidelity_cmd(transcript_file: Path, bench_path: Path, time_scale: float | None, json_out: Path | None) -> None:
+    """How far an emulated bench is from a recorded one. Replays TRANSCRIPT (lumion-hil run
+    --record) against the bench's emulators, every exchange in order and at its recorded time,
+    and reports side by side: the replies that differ (numbers beyond a tolerance, powers in dB;
+    other text; errors on one side only), the timing of each kind of exchange (switch command to
+    completion and per connection, light arrival, link up per host, agent round trip, job start),
+    and the bench-file parameters the differences point at.
+
+    The bench runs at the transcript's time scale unless --time-scale says otherwise.
+
+    \b
+    Exit status: 0 the bench matches the recording within tolerance, 1 it differs,
+    4 the transcript or the bench cannot be read (or the bench is not emulated)."""
+    from lumion_hil.harness.fidelity import fidelity, render
+
+    header = _read_transcript_or_exit(transcript_file)
+    bench = _load_or_exit(bench_path, time_scale if time_scale is not None else header.get("time_scale"))
+    click.echo(f"lumion-hil: replaying {transcript_file} (recorded on {header.get('bench')!r}) against bench "
+               f"{bench.name!r} ({bench_path})")
+    try:
+        report = fidelity(bench, transcript_file)
+    except ValueError as exc:
+        click.echo(f"lumion-hil: {exc}", err=True)
+        sys.exit(ExitCode.BENCH_OR_USAGE_ERROR)
+    click.echo(render(report), nl=False)
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=1))
+    sys.exit(0 if report["match"] else 1)
+
+
+@main.command("calibrate")
+@click.argument("transcript_files", metavar="TRANSCRIPT...", nargs=-1, required=True,
+                type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_bench_option
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Where to write the twin's bench file.")
+@click.option("--refine/--no-refine", default=True, show_default=True,
+              help="Replay the first transcript against the first fit once and correct each timing by what "
+                   "still differs (the software time the twin adds on its own).")
+def calibrate_cmd(transcript_files: tuple[Path, ...], bench_path: Path, output: Path, refine: bool) -> None:
+    """A digital twin of a recorded bench: BENCH's emulation sections fitted to the TRANSCRIPTs
+    (lumion-hil run --record): switching time per connection (mean and spread), loss per port
+    pair, meter and monitor noise, NIC lock and bring-up per host, the job's start-up. Every
+    fitted number is written with its source (the transcripts, how many samples). The twin is an
+    emulated bench: run the suites on it, or lumion-hil fidelity against the recording.
+
+    \b
+    Exit status: 0 the twin was written, 4 a transcript or the bench cannot be read."""
+    from lumion_hil.harness.calibrate import calibrate
+    from lumion_hil.harness.config import parse_bench
+
+    for path in transcript_files:
+        _read_transcript_or_exit(path)
+    _load_or_exit(bench_path, None)
+
+    def load(text: str, scale: float):
+        return parse_bench(text, str(bench_path), time_scale=scale)
+
+    try:
+        text = calibrate(bench_path, list(transcript_files), load, refine_once=refine)
+    except (ValueError, BenchFileError) as exc:
+        click.echo(f"lumion-hil: {exc}", err=True)
+        sys.exit(ExitCode.BENCH_OR_USAGE_ERROR)
+    output.write_text(text)
+    fitted = [line for line in text.splitlines() if line.startswith("#   ")]
+    click.echo(f"lumion-hil: twin {output} ({len(fitted)} numbers fitted from {len(transcript_files)} transcript(s))")
+    for line in fitted:
+        click.echo(line[4:])
 
 
 @main.command("defects")

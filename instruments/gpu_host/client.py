@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+from lumion_hil.instruments import transcript
 from lumion_hil.instruments.gpu_host import wire
 from lumion_hil.instruments.protocols import ClockMapping, GpuHost, InstrumentError, InstrumentIOError
 
@@ -147,6 +148,23 @@ class AgentClient(GpuHost):
                 raise again.error from None
 
     def _call_once(self, method: str, reply_within_s: float | None, params: dict) -> tuple[object, int, int, int]:
+        if transcript.current() is None:
+            return self._call_once_unrecorded(method, reply_within_s, params)
+        t_ns = time.perf_counter_ns()
+        try:
+            result = self._call_once_unrecorded(method, reply_within_s, params)
+        except InstrumentError as exc:
+            transcript.exchange("agent", self.name, t_ns, method=method, params=params, error=exc.reason)
+            raise
+        except _Gone as gone:
+            transcript.exchange("agent", self.name, t_ns, method=method, params=params, error=gone.error.reason)
+            raise
+        transcript.exchange("agent", self.name, t_ns, method=method, params=params, result=result[0],
+                            remote_ns=result[1])
+        return result
+
+    def _call_once_unrecorded(self, method: str, reply_within_s: float | None,
+                              params: dict) -> tuple[object, int, int, int]:
         rid = next(self._ids)
         slot = [threading.Event(), None, None]
         with self._lock:

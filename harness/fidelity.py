@@ -1,0 +1,835 @@
+"""How far an emulated bench is from a recorded one (``lumion-hil fidelity``).
+
+A transcript (``lumion-hil run --record``, instruments/transcript.py) is replayed against a
+bench's emulators: every exchange in its recorded order and at its recorded time from the
+start, each instrument and host on its own thread (what overlapped in the recording overlaps
+again; what followed an exchange's reply waits for it). Then, side by side:
+
+- every reply that differs: numbers beyond a tolerance (powers in dB), text that is not the
+  same, an error on one side only;
+- the timing of each kind of exchange, as distributions: ``switch`` (a command that makes
+  connections, to its completion, and per connection), ``light`` (a switch command to the first
+  reading that sees its light), ``link_up`` (a circuit lit to its NIC's carrier, as the agent
+  stamped it, per host), ``agent`` (a plain agent call's round trip, per host) and
+  ``job_start`` (a job started to its first step, per host);
+
+and the bench-file parameters that the differences point at. The same analysis of a transcript
+feeds ``lumion-hil calibrate`` (harness/calibrate.py).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from lumion_hil.instruments import transcript
+
+DARK_DBM = -40.0  # below this a detector sees no light (every emulated floor is under -50 dBm)
+
+# Replies that name the instrument or host rather than its behaviour: shown, never judged.
+IDENTITY_COMMANDS = re.compile(r"^\*IDN\?|SYST(EM)?:SENS(OR)?:IDN\?|^ID\?", re.IGNORECASE)
+IDENTITY_METHODS = {"hello", "devices"}
+# Agent result fields that are times, process ids or echoes of the request: never compared.
+UNCOMPARED_KEYS = {"pid", "t_ns", "started_ns", "exit_ns", "remote_ns", "argv", "hostname", "last_lines", "stdout",
+                   "stderr", "uuid", "progress", "step_time_s", "samples_per_s", "heartbeat", "fields", "event",
+                   "steps", "seconds", "elapsed_s", "returncode"}
+POLL_METHODS = {"job_steps"}  # progress so far: one more or one fewer is a matter of when it was asked
+FAST_METHODS = {"clock", "health", "links", "link", "job_status", "job_steps", "devices"}
+
+# Timing tolerances per kind: a median within max(rel x the recording's median, abs seconds).
+TOLERANCE = {"switch": (0.10, 0.002), "switch_per_connection": (0.10, 0.002), "switch_spread": (0.5, 0.0005),
+             "light": (0.25, 0.010), "link_up": (0.25, 0.010), "agent": (1.0, 0.005), "job_start": (0.10, 0.05)}
+POWER_TOLERANCE_DB = 0.3
+
+
+# --- reading a transcript ----------------------------------------------------------------------
+
+_PAIRS = re.compile(r"\(@([\d,\s:]*)\)\s*,\s*\(@([\d,\s:]*)\)")
+_CONNECT = re.compile(r":?OXC:SWIT(CH)?:CONN(ECT)?:(ADD|ONLY)\b", re.IGNORECASE)
+_SUB = re.compile(r":?OXC:SWIT(CH)?:CONN(ECT)?:SUB\b", re.IGNORECASE)
+_DISC_ALL = re.compile(r":?OXC:SWIT(CH)?:DISC(ONNECT)?:ALL\b", re.IGNORECASE)
+_DICON_MOVE = re.compile(r"^X\d+\s+CH\s+(\d+)\s+(\d+)\s*$", re.IGNORECASE)
+_DICON_PARK_ALL = re.compile(r"^X\d+\s+CH\s+\*\s+0\s*$", re.IGNORECASE)
+_PMON = re.compile(r":?PMON(ITOR)?:POW(ER)?\?\s*\(@([\d,\s]+)\)", re.IGNORECASE)
+_KS_READ = re.compile(r"^:?(READ|FETC(H)?)(\d*)(:CHAN(NEL)?(\d+))?(:SCAL(AR)?)?:POW(ER)?(:DC)?\?", re.IGNORECASE)
+_KS_UNIT = re.compile(r"^:?SENS(E)?(\d*)(:CHAN(NEL)?(\d+))?:POW(ER)?:UNIT\s+(\S+)", re.IGNORECASE)
+_PM_READ = re.compile(r"^:?(MEAS(URE)?(:SCAL(AR)?)?(:POW(ER)?)?\?|READ\?|FETC(H)?\?)$", re.IGNORECASE)
+_PM_UNIT = re.compile(r"^:?(SENS(E)?:)?POW(ER)?(:DC)?:UNIT\s+(\S+)", re.IGNORECASE)
+
+
+def _ports(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if ":" in part:
+            a, b = part.split(":")
+            out += list(range(int(a), int(b) + 1))
+        elif part:
+            out.append(int(part))
+    return out
+
+
+def _number(text: Any) -> float | None:
+    try:
+        return float(str(text).strip().strip('"'))
+    except (TypeError, ValueError):
+        return None
+
+
+def _dbm(value: float, unit: str) -> float:
+    if unit == "W":
+        return -200.0 if value <= 0 else 10 * math.log10(value * 1000)
+    return value
+
+
+@dataclass
+class Reading:
+    done_ns: int
+    port: int
+    dbm: float
+    index: int
+    instrument: str = ""
+
+
+@dataclass
+class Analysis:
+    """What a transcript shows, in seconds at the transcript's own time scale."""
+
+    switch: list[tuple[float, int]] = field(default_factory=list)  # (duration, connections made)
+    switch_overhead: list[float] = field(default_factory=list)  # commands that made no connection, *OPC? included
+    light: list[float] = field(default_factory=list)
+    link_up: dict[str, list[float]] = field(default_factory=dict)
+    agent: dict[str, list[float]] = field(default_factory=dict)
+    job_start: dict[str, list[float]] = field(default_factory=dict)
+    step_s: list[float] = field(default_factory=list)
+    readings: list[Reading] = field(default_factory=list)
+    paths: dict[int, tuple[int, int]] = field(default_factory=dict)  # reading index -> (ingress, egress) lit
+    link_events: list[tuple] = field(default_factory=list)  # (exchange, host, rx port, lit, carrier up, alone)
+
+    def per_connection(self) -> list[float]:
+        overhead = statistics.median(self.switch_overhead) if self.switch_overhead else 0.0
+        return [max(0.0, d - overhead) / n for d, n in self.switch if n >= 1]
+
+
+def analyse(bench, entries: list[dict]) -> Analysis:
+    """Timing and light of a transcript's exchanges (recorded or replayed: the same shape)."""
+    out = Analysis()
+    switch_name = bench.topology.switch
+    ingress_count = bench.switch.ports[0]
+    state: dict[int, int] = {}  # ingress -> egress, as commanded
+    lit_at: dict[int, int] = {}  # egress -> estimated instant its circuit was lit
+    command_at: dict[int, int] = {}  # egress -> start of the command that made its circuit
+    alone: dict[int, bool] = {}  # egress -> its circuit was the one connection its command made
+    dicon_pending: list[tuple[int, int]] = []
+    dicon_started = 0
+    last_reading: dict[int, Reading] = {}
+    units: dict[tuple[str, int], str] = {}
+    job_started: dict[str, int] = {}
+    last_step: dict[str, tuple] = {}  # host -> (step waited for, when it came)
+    nic_of = {(h.name, (n.interface or n.name)): n for h in bench.topology.hosts for n in h.nics}
+    models = {name: spec.model for name, spec in bench.instruments.items()}
+
+    def made(t_ns: int, done_ns: int, new: list[tuple[int, int]]) -> None:
+        n = len(new)
+        for k, (i, e) in enumerate(new, start=1):
+            lit_at[e] = t_ns + (done_ns - t_ns) * k // n
+            alone[e] = n == 1
+            command_at[e] = t_ns
+
+    ordered = sorted(entries, key=lambda x: x["t_ns"])
+    # Each host's clock against the harness's, from its quickest plain call (its reply's clock
+    # was read between sending and receiving: off by at most half that round trip).
+    offsets: dict[str, tuple[int, int]] = {}
+    for e in ordered:
+        if e.get("type") == "agent" and e.get("method") in FAST_METHODS and e.get("remote_ns") and not e.get("error"):
+            rtt = e["done_ns"] - e["t_ns"]
+            if e["name"] not in offsets or rtt < offsets[e["name"]][0]:
+                offsets[e["name"]] = (rtt, e["remote_ns"] - (e["t_ns"] + e["done_ns"]) // 2)
+    for position, e in enumerate(ordered):
+        index = e.get("index", position)  # a replayed exchange keeps the recorded one's place
+        kind = e.get("type")
+        name = str(e.get("name", "")).removesuffix("-probe")
+        command = str(e.get("command") or "")
+        t, done = e.get("t_ns", 0), e.get("done_ns", e.get("t_ns", 0))
+        if kind in ("scpi", "serial") and name == switch_name and not e.get("error"):
+            if models.get(name) == "dicon-matrix":
+                m = _DICON_MOVE.match(command)
+                if m:
+                    if not dicon_pending:
+                        dicon_started = t
+                    i, o = int(m.group(1)), int(m.group(2))
+                    old = state.pop(i, None)
+                    if old:
+                        lit_at.pop(old, None)
+                    if o:
+                        state[i] = o + ingress_count
+                        dicon_pending.append((i, o + ingress_count))
+                elif _DICON_PARK_ALL.match(command):
+                    state.clear()
+                elif command.upper().startswith("SYST:ERR?") and dicon_pending:
+                    out.switch.append(((done - dicon_started) / 1e9, len(dicon_pending)))
+                    made(dicon_started, done, dicon_pending)
+                    dicon_pending = []
+                continue
+            for part in command.split(";"):
+                part = part.strip()
+                pairs = _PAIRS.search(part)
+                if _CONNECT.match(part) and pairs:
+                    ins, outs = _ports(pairs.group(1)), _ports(pairs.group(2))
+                    wanted = list(zip(ins, outs))
+                    if re.search(r":ONLY\b", part, re.IGNORECASE):
+                        for i in [i for i in state if (i, state[i]) not in wanted]:
+                            lit_at.pop(state.pop(i), None)
+                    new = [(i, o) for i, o in wanted if state.get(i) != o]
+                    for i, o in new:
+                        state[i] = o
+                    if "*OPC?" in command.upper():
+                        if new:
+                            out.switch.append(((done - t) / 1e9, len(new)))
+                            made(t, done, new)
+                        else:
+                            out.switch_overhead.append((done - t) / 1e9)
+                elif _SUB.match(part) and pairs:
+                    for i, o in zip(_ports(pairs.group(1)), _ports(pairs.group(2))):
+                        if state.get(i) == o:
+                            state.pop(i)
+                            lit_at.pop(o, None)
+                    if "*OPC?" in command.upper():
+                        out.switch_overhead.append((done - t) / 1e9)
+                elif _DISC_ALL.match(part):
+                    state.clear()
+                    lit_at.clear()
+        if kind in ("scpi", "serial") and not e.get("error"):
+            for port, dbm in _power_readings(e, models.get(name, ""), name, units, bench):
+                reading = Reading(done, port, dbm, index, name)
+                prev = last_reading.get(port)
+                ingress = next((i for i, o in state.items() if o == port), None)
+                if ingress is not None and dbm > DARK_DBM:
+                    out.paths[len(out.readings)] = (ingress, port)
+                if (prev is not None and prev.dbm <= DARK_DBM < dbm and port in command_at
+                        and command_at[port] > prev.done_ns - 1):
+                    out.light.append((done - command_at[port]) / 1e9)
+                last_reading[port] = reading
+                out.readings.append(reading)
+        if kind == "agent" and not e.get("error"):
+            method, result, host = e.get("method"), e.get("result"), e.get("name")
+            if method in FAST_METHODS:
+                out.agent.setdefault(host, []).append((done - t) / 1e9)
+            elif method == "job_start":
+                job_started[host] = t
+            elif method == "job_wait_step" and isinstance(result, dict) and result.get("reached"):
+                step = (e.get("params") or {}).get("step")
+                if step == 1 and host in job_started:
+                    out.job_start.setdefault(host, []).append((done - job_started.pop(host)) / 1e9)
+                previous = last_step.get(host)
+                if previous is not None and isinstance(step, int) and step == previous[0] + 1:
+                    out.step_s.append((done - previous[1]) / 1e9)
+                last_step[host] = (step, done)
+            elif method == "job_steps" and isinstance(result, list) and len(result) >= 2:
+                stamps = [s[1] for s in result]
+                out.step_s += [(b - a) / 1e9 for a, b in zip(stamps, stamps[1:])]
+            elif method == "wait_link" and isinstance(result, dict) and (e.get("params") or {}).get("up") \
+                    and result.get("carrier") == 1 and not result.get("timed_out") and e.get("remote_ns"):
+                offset = offsets.get(host, (0, e["remote_ns"] - done))[1]
+                event = result.get("t_ns", 0) - offset
+                nic = nic_of.get((host, result.get("interface")))
+                lit = lit_at.get(nic.rx_port) if nic is not None else None
+                if lit is not None and 0 < event - lit < 30e9:
+                    out.link_up.setdefault(host, []).append((event - lit) / 1e9)
+                    out.link_events.append((index, host, nic.rx_port, lit, event, alone.get(nic.rx_port, False)))
+    return out
+
+
+def _power_readings(e: dict, model: str, name: str, units: dict, bench) -> list[tuple[int, float]]:
+    """(detector port, dBm) of each power reading in one exchange; unit settings are tracked."""
+    command = str(e.get("command") or "")
+    reply = e.get("reply")
+    found: list[tuple[int, float]] = []
+    replies = str(reply).split(";") if isinstance(reply, str) else []
+    parts = [p.strip() for p in command.split(";") if p.strip()]
+    queries = [p for p in parts if p.split(None, 1)[0].endswith("?")]
+    for part in parts:
+        if model == "keysight-n77xx":
+            m = _KS_UNIT.match(part)
+            if m:
+                slot = int(m.group(2) or 1)
+                units[(name, slot)] = "W" if m.group(7).upper() in ("1", "W", "WATT") else "DBM"
+        elif model == "thorlabs-pm100":
+            m = _PM_UNIT.match(part)
+            if m:
+                units[(name, 1)] = "W" if m.group(5).upper().startswith("W") else "DBM"
+    for part, answer in zip(queries, replies):
+        pm = _PMON.match(part)
+        if pm:
+            values = [_number(v) for v in answer.strip().strip("()").split(",")]
+            for port, value in zip(_ports(pm.group(3)), values):
+                if value is not None:
+                    found.append((port, value))
+            continue
+        channel = None
+        if model == "keysight-n77xx":
+            m = _KS_READ.match(part)
+            if m:
+                channel = int(m.group(3) or 1)
+                unit = units.get((name, channel), "DBM")
+        elif model == "thorlabs-pm100" and _PM_READ.match(part):
+            channel, unit = 1, units.get((name, 1), "W")
+        if channel is None:
+            continue
+        value = _number(answer)
+        det = next((d for d in bench.detectors if d.instrument == name and (d.channel or 1) == channel), None)
+        if value is None or det is None or value > 1e20:
+            continue
+        found.append((det.port, _dbm(value, unit) + det.tap_loss_db))
+    return found
+
+
+# --- comparing replies -------------------------------------------------------------------------
+
+def _numbers_equal(a: float, b: float, tol_db: float) -> bool:
+    if a == b:
+        return True
+    if a > 0 and b > 0:
+        if a < 1e-8 and b < 1e-8:  # both dark (below -50 dBm in watts)
+            return True
+        return abs(10 * math.log10(a / b)) <= tol_db
+    if a <= -50 and b <= -50:  # both dark, in dBm
+        return True
+    return abs(a - b) <= tol_db
+
+
+def _tokens(text: str) -> list[str]:
+    return re.findall(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[A-Za-z_]+|[^\s\w]", text)
+
+
+def differ(recorded: Any, replayed: Any, tol_db: float = POWER_TOLERANCE_DB) -> str | None:
+    """Why two replies differ (None: they match within tolerance)."""
+    if isinstance(recorded, dict) and isinstance(replayed, dict):
+        for key in sorted(set(recorded) | set(replayed)):
+            if key in UNCOMPARED_KEYS or key.endswith("_ns"):
+                continue
+            why = differ(recorded.get(key), replayed.get(key), tol_db)
+            if why:
+                return f"{key}: {why}"
+        return None
+    if isinstance(recorded, list) and isinstance(replayed, list):
+        if len(recorded) != len(replayed):
+            return f"{len(recorded)} items against {len(replayed)}"
+        bad = [i for i, (a, b) in enumerate(zip(recorded, replayed)) if differ(a, b, tol_db)]
+        if bad:
+            return f"{len(bad)} of {len(recorded)} items differ (first: item {bad[0]}: " \
+                   f"{differ(recorded[bad[0]], replayed[bad[0]], tol_db)})"
+        return None
+    if isinstance(recorded, bool) or isinstance(replayed, bool) or recorded is None or replayed is None:
+        return None if recorded == replayed else f"{recorded!r} against {replayed!r}"
+    if isinstance(recorded, (int, float)) and isinstance(replayed, (int, float)):
+        return None if _numbers_equal(float(recorded), float(replayed), tol_db) else f"{recorded!r} against {replayed!r}"
+    a, b = _tokens(str(recorded)), _tokens(str(replayed))
+    if len(a) != len(b):
+        return f"{str(recorded)[:60]!r} against {str(replayed)[:60]!r}"
+    for x, y in zip(a, b):
+        nx, ny = _number(x), _number(y)
+        if nx is not None and ny is not None:
+            if not _numbers_equal(nx, ny, tol_db):
+                return f"{str(recorded)[:60]!r} against {str(replayed)[:60]!r}"
+        elif x.upper() != y.upper():
+            return f"{str(recorded)[:60]!r} against {str(replayed)[:60]!r}"
+    return None
+
+
+def _done(entry: dict) -> int:
+    return entry.get("done_ns", entry["t_ns"])
+
+
+# --- replaying -----------------------------------------------------------------------------------
+
+def _address_map(recorded: dict, replay: dict) -> list[tuple[str, str]]:
+    """What the recording's agents were started with against the replay's: the tokens that
+    differ (a world service's address), in the forms jobs and paths carry them."""
+    pairs: dict[str, str] = {}
+    for host, argv in recorded.items():
+        for old, new in zip(argv, replay.get(host, [])):
+            if old != new:
+                pairs[old] = new
+                if re.fullmatch(r"[\w.]+:\d+", old) and re.fullmatch(r"[\w.]+:\d+", new):
+                    pairs[old.replace(":", "-")] = new.replace(":", "-")
+    return sorted(pairs.items(), key=lambda p: -len(p[0]))
+
+
+def _mapped(value: Any, mapping: list[tuple[str, str]]) -> Any:
+    if isinstance(value, str):
+        for old, new in mapping:
+            value = value.replace(old, new)
+        return value
+    if isinstance(value, dict):
+        return {k: _mapped(v, mapping) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mapped(v, mapping) for v in value]
+    return value
+
+
+class Replayer:
+    """Replays a transcript's exchanges against a bench (emulated): its own connections to each
+    instrument, its own agents, the backend for the faults the recording's backend made."""
+
+    def __init__(self, bench, header: dict, entries: list[dict], *, speed: float = 1.0):
+        self.bench = bench
+        self.header = header
+        self.entries = sorted(entries, key=lambda x: x["t_ns"])
+        self.speed = speed
+        self.results: list[dict | None] = [None] * len(self.entries)
+        self._channels: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def run(self) -> list[dict]:
+        from lumion_hil.harness.backends import load_backend
+        from lumion_hil.harness.binding import _visa
+        from lumion_hil.instruments.dicon import DiconMatrix
+        from lumion_hil.instruments.gpu_host.client import AgentClient
+
+        if not self.bench.all_emulated:
+            raise ValueError(f"bench {self.bench.name!r}: fidelity replays against an emulated bench (every "
+                             "instrument and host 'emulated'), not a real one")
+        backend = load_backend(self.bench).start()
+        try:
+            # One connection for each that the recording had (an instrument's own, and a probe's
+            # beside it, as the recovery suite's light probe opens one)
+            for channel in sorted({e["name"] for e in self.entries if e.get("type") in ("scpi", "serial")}):
+                name = channel.removesuffix("-probe")
+                spec = self.bench.instruments.get(name)
+                if spec is None:
+                    raise ValueError(f"the transcript talks to instrument {name!r}, which bench {self.bench.name!r} "
+                                     f"does not have (it has {', '.join(self.bench.instruments)})")
+                resource = backend.resources[name]
+                if spec.model == "dicon-matrix":
+                    self._channels[channel] = DiconMatrix(channel, resource, ingress=spec.ports[0],
+                                                          egress=spec.ports[1], baud_rate=spec.baud_rate,
+                                                          timeout_s=max(spec.timeout_s, 10))
+                else:
+                    self._channels[channel] = _visa(channel, spec, resource)
+            argv = {}
+            for host in self.bench.topology.hosts:
+                argv[host.name] = backend.agent_argv(host)
+                backend.nccl_tests_folder(host)
+                self._channels[host.name] = AgentClient(host.name, argv[host.name], timeout_s=self.bench.waits.opc_s)
+            self.job_ranks = self._job_ranks() if self.bench.job is not None and not self.bench.job.command else {}
+            session_note = next((e for e in self.entries if e.get("type") == "session"), {})
+            self.mapping = _address_map(session_note.get("agents", {}), argv)
+            self.backend = backend
+            self._play()
+        finally:
+            for channel in self._channels.values():
+                try:
+                    channel.close()
+                except Exception:
+                    pass
+            backend.stop()
+        return [r for r in self.results if r is not None]
+
+    def _job_ranks(self) -> dict[int, list[str]]:
+        """For each job start, the ranks of its job: as its command names them (the emulated
+        job's --ranks), else the hosts started one after another until the job's world size, in
+        the order of the rank each was given."""
+        starts = [(i, e) for i, e in enumerate(self.entries) if e.get("type") == "agent" and e.get("method") == "job_start"]
+        out: dict[int, list[str]] = {}
+        group: list[tuple[int, dict]] = []
+
+        def close() -> None:
+            ranked = sorted(group, key=lambda x: ((x[1].get("params") or {}).get("fields") or {}).get("rank", 0))
+            for i, _ in group:
+                out[i] = [x[1]["name"] for x in ranked]
+            group.clear()
+
+        for i, e in starts:
+            params = e.get("params") or {}
+            command = params.get("command") or []
+            if "--ranks" in command[:-1]:
+                out[i] = command[command.index("--ranks") + 1].split(",")
+                continue
+            group.append((i, e))
+            if len(group) >= int((params.get("fields") or {}).get("world_size") or 1):
+                close()
+        if group:
+            close()
+        return out
+
+    def _play(self) -> None:
+        """Each exchange waits for what it waited for in the recording: the previous exchange of
+        the same harness thread, and the other threads' exchanges that began and ended in the
+        gap before it (a thread joining its workers); then it begins as long after the latest of
+        them as it did in the recording. Exchanges that overlapped there overlap here."""
+        t0_rec = self.header["t0_ns"]
+        t0 = time.perf_counter_ns()
+        playable = [(i, e) for i, e in enumerate(self.entries)
+                    if e.get("type") in ("scpi", "serial", "agent", "fault", "repair", "heal")]
+        starts = [e["t_ns"] for _, e in playable]
+        finished = {i: threading.Event() for i, _ in playable}
+        ended_ns: dict[int, int] = {}
+        last_of_thread: dict[Any, tuple[int, dict]] = {}
+        threads = []
+        for position, (index, entry) in enumerate(playable):
+            prev = last_of_thread.get(entry.get("thread"))
+            gap_from = _done(prev[1]) if prev else None
+            deps = [prev] if prev else []
+            lo = bisect.bisect_left(starts, gap_from) if gap_from is not None else max(0, position - 1)
+            for j in range(lo, position):
+                other_index, other = playable[j]
+                if other.get("thread") != entry.get("thread") and _done(other) < entry["t_ns"]:
+                    deps.append((other_index, other))
+            latest = None
+            for dep_index, dep in deps:
+                if not finished[dep_index].wait(120):
+                    raise RuntimeError(f"replay: exchange #{dep_index} ({dep.get('name')} "
+                                       f"{dep.get('command') or dep.get('method') or dep.get('type')}) "
+                                       "did not end within 120 s")
+                if latest is None or _done(dep) > latest[0]:
+                    latest = (_done(dep), dep_index)
+            if latest is None:
+                due = t0 + int((entry["t_ns"] - t0_rec) / self.speed)
+            else:
+                due = ended_ns[latest[1]] + int((entry["t_ns"] - latest[0]) / self.speed)
+            wait = due - time.perf_counter_ns()
+            if wait > 0:
+                time.sleep(wait / 1e9)  # the recorded gap: this exchange began this long after what it waited for
+            last_of_thread[entry.get("thread")] = (index, entry)
+            thread = threading.Thread(target=self._one, args=(index, entry, finished[index], ended_ns, t0, t0_rec),
+                                      daemon=True, name=f"replay-{entry.get('name') or entry['type']}")
+            thread.start()
+            threads.append(thread)
+        for thread in threads:
+            thread.join(timeout=120)
+
+    def _one(self, index, entry, finished, ended_ns, t0, t0_rec) -> None:
+        try:
+            self.results[index] = self._exchange(index, entry, t0, t0_rec)
+        finally:
+            ended_ns[index] = time.perf_counter_ns()
+            finished.set()
+
+    def _exchange(self, index: int, entry: dict, t0: int, t0_rec: int) -> dict:
+        from lumion_hil.instruments.backend import Fault
+        from lumion_hil.instruments.protocols import InstrumentError
+
+        kind = entry["type"]
+        out = {"type": kind, "name": entry.get("name"), "index": index}
+        start = time.perf_counter_ns()
+        try:
+            if kind in ("fault", "repair"):
+                if entry.get("by_backend"):
+                    fault = Fault(**entry["fault"])
+                    (self.backend.inject if kind == "fault" else self.backend.repair)(fault)
+            elif kind == "heal":
+                if self.backend.world is not None:
+                    self.backend.world.heal()
+            elif kind == "scpi":
+                session = self._channels[entry["name"]]
+                command = entry["command"]
+                out["command"] = command
+                if isinstance(entry.get("reply"), list):
+                    out["reply"] = session.query_binary_floats(command)
+                elif "?" in command:
+                    out["reply"] = session.query(command)
+                else:
+                    session.write(command)
+                    out["reply"] = None
+            elif kind == "serial":
+                switch = self._channels[entry["name"]]
+                command = entry["command"]
+                out["command"] = command
+                if "?" in command:
+                    out["reply"] = switch._query(command)
+                else:
+                    switch._write(command)
+                    out["reply"] = None
+            elif kind == "agent":
+                client = self._channels[entry["name"]]
+                params = _mapped(entry.get("params") or {}, self.mapping)
+                if entry["method"] == "job_start" and index in self.job_ranks:
+                    # this bench's own job on the same ranks (the recording's command is its bench's job)
+                    ranks = self.job_ranks[index]
+                    whole_rack = "--all-ranks-here" in (params.get("command") or [])
+                    own = (self.backend.reserved_rack_job_argv if whole_rack else self.backend.job_argv)(
+                        self.bench.job, ranks)
+                    if own is not None:
+                        params["command"] = own
+                out["method"], out["params"] = entry["method"], params
+                within = float(params.get("timeout_s") or 0) + 10.0
+                result, remote, _, _ = client.call_timed(entry["method"], within, **params)
+                out["result"], out["remote_ns"] = result, remote
+        except InstrumentError as exc:
+            out["error"] = exc.reason
+        except Exception as exc:  # a replay goes on: the difference is reported
+            out["error"] = f"{type(exc).__name__}: {exc}"
+        end = time.perf_counter_ns()
+        # On the recording's clock, so that one analysis reads both.
+        out["t_ns"] = t0_rec + (start - t0)
+        out["done_ns"] = t0_rec + (end - t0)
+        return out
+
+
+# --- the report --------------------------------------------------------------------------------
+
+@dataclass
+class Distribution:
+    n: int
+    median: float | None
+    p10: float | None
+    p90: float | None
+    std: float | None
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> "Distribution":
+        v = sorted(values)
+        if not v:
+            return cls(0, None, None, None, None)
+        q = (lambda p: v[min(len(v) - 1, int(p * len(v)))])
+        return cls(len(v), statistics.median(v), q(0.1), q(0.9), statistics.pstdev(v) if len(v) > 1 else 0.0)
+
+
+def _judge(kind: str, a: Distribution, b: Distribution, stat: str = "median") -> bool | None:
+    x, y = getattr(a, stat), getattr(b, stat)
+    if x is None or y is None:
+        return None
+    rel, absolute = TOLERANCE[kind]
+    return abs(y - x) <= max(rel * abs(x), absolute)
+
+
+def compare(bench, recorded: list[dict], replayed: list[dict], time_scale: float) -> dict:
+    """The side-by-side report: replies that differ, timing per kind, parameters named, verdict."""
+    by_index = {r["index"]: r for r in replayed}
+    ordered = sorted(recorded, key=lambda x: x["t_ns"])
+    replies = []
+    informational = 0
+    shifted = 0
+    occurrences: dict[tuple, list[int]] = {}  # (channel, command) -> where it was sent, in order
+    switch = bench.topology.switch
+    changes = sorted((e["t_ns"], e.get("done_ns", e["t_ns"])) for e in ordered
+                     if e.get("type") in ("fault", "repair", "heal") or
+                     (e.get("name") == switch and re.search(r"CONN|DISC|PORT:(DIS|ENAB)|X\d+ CH", str(e.get("command")),
+                                                            re.IGNORECASE)))
+    for index, entry in enumerate(ordered):
+        if entry.get("type") in ("scpi", "serial", "agent"):
+            occurrences.setdefault((entry.get("name"), entry.get("command") or entry.get("method")), []).append(index)
+    for index, entry in enumerate(ordered):
+        if entry.get("type") not in ("scpi", "serial", "agent"):
+            continue
+        other = by_index.get(index)
+        what = entry.get("command") or entry.get("method")
+        if other is None:
+            replies.append({"index": index, "name": entry.get("name"), "exchange": what, "why": "not replayed"})
+            continue
+        if bool(entry.get("error")) != bool(other.get("error")):
+            why = f"error on the {'recording' if entry.get('error') else 'replay'} only: " \
+                  f"{entry.get('error') or other.get('error')}"
+        elif entry["type"] == "agent" and entry.get("method") in POLL_METHODS:
+            # progress read at a moment: what both had by then must agree
+            a = [s[0] if isinstance(s, list) and s else s for s in entry.get("result") or []]
+            b = [s[0] if isinstance(s, list) and s else s for s in other.get("result") or []]
+            why = differ(a[:len(b)], b[:len(a)]) if not entry.get("error") else None
+        else:
+            key = "result" if entry["type"] == "agent" else "reply"
+            why = differ(entry.get(key), other.get(key)) if not entry.get("error") else None
+        if why is None:
+            continue
+        identity = (entry["type"] == "agent" and entry.get("method") in IDENTITY_METHODS) or \
+            (entry["type"] != "agent" and IDENTITY_COMMANDS.search(str(what)))
+        if identity:
+            informational += 1
+            continue
+        if _near_a_change(changes, entry):
+            shifted += 1  # what it saw was changing at that moment (a fault, a switch): timing
+            continue
+        replied = other.get("result" if entry["type"] == "agent" else "reply")
+        if not entry.get("error") and not other.get("error") and \
+                _shifted(ordered, occurrences.get((entry.get("name"), what), []), index, replied):
+            shifted += 1  # the same answers, at another moment: timing, judged with the kinds below
+            continue
+        replies.append({"index": index, "name": entry.get("name"), "exchange": what, "why": why})
+    a, b = analyse(bench, ordered), analyse(bench, sorted(replayed, key=lambda x: x["t_ns"]))
+    kinds: dict[str, dict] = {}
+
+    def add(kind: str, label: str, x: list[float], y: list[float], stat: str = "median", judge_as: str | None = None):
+        da, db = Distribution.of(x), Distribution.of(y)
+        ok = _judge(judge_as or kind, da, db, stat)
+        kinds[label] = {"recorded": da.__dict__, "replayed": db.__dict__, "judged_on": stat, "match": ok}
+
+    add("switch", "switch", [d for d, _ in a.switch], [d for d, _ in b.switch])
+    add("switch_per_connection", "switch per connection", a.per_connection(), b.per_connection())
+    add("switch_spread", "switch per connection (spread)", a.per_connection(), b.per_connection(), "std")
+    add("light", "light", a.light, b.light)
+    switching_matches = kinds["switch per connection"]["match"] is not False
+    for host in sorted(set(a.link_up) | set(b.link_up)):
+        # Circuits each made by a command of its own say best when their light came; where a
+        # host has none, its NICs' bring-up is measured from an estimate inside a command of
+        # several connections, which a difference of switching moves: not judged then.
+        alone_a = [(e - l) / 1e9 for _, h, _, l, e, single in a.link_events if h == host and single]
+        alone_b = [(e - l) / 1e9 for _, h, _, l, e, single in b.link_events if h == host and single]
+        if alone_a and alone_b:
+            add("link_up", f"link_up {host}", alone_a, alone_b)
+        else:
+            add("link_up", f"link_up {host} (in multi-connection commands)", a.link_up.get(host, []),
+                b.link_up.get(host, []))
+            if not switching_matches:
+                kinds[f"link_up {host} (in multi-connection commands)"]["match"] = None
+    for host in sorted(set(a.agent) | set(b.agent)):
+        add("agent", f"agent {host}", a.agent.get(host, []), b.agent.get(host, []))
+    for host in sorted(set(a.job_start) | set(b.job_start)):
+        add("job_start", f"job_start {host}", a.job_start.get(host, []), b.job_start.get(host, []))
+    powers = _power_differences(a, b)
+    parameters = _parameters(bench, kinds, powers)
+    power_replies = {r.index for r in a.readings} | {r.index for r in b.readings}
+    judged_replies = [r for r in replies if r["index"] not in power_replies]
+    matched = not judged_replies and not powers["ports"] and all(k["match"] is not False for k in kinds.values())
+    return {"time_scale": time_scale, "exchanges": len([e for e in ordered if e.get("type") in ("scpi", "serial", "agent")]),
+            "replies_differing": replies, "identity_replies_differing": informational,
+            "replies_shifted_in_time": shifted, "timing": kinds,
+            "powers": powers, "parameters": parameters, "match": matched}
+
+
+SHIFT_WINDOW_NS = 25_000_000  # a reply the recording gave to the same request this close in time
+TRACE_SHIFT = 0.2  # a trace (a logged block) whose samples differ only at a light edge, this fraction at most
+
+
+def _shifted(ordered: list[dict], sent_at: list[int], index: int, replayed: Any) -> bool:
+    """Whether a replayed reply is one the recording gave to the same command a little earlier
+    or later (a poll that saw the light one poll sooner), or a trace whose light came a few
+    samples sooner or later: a difference of timing, not of behaviour."""
+    recorded = ordered[index].get("reply")
+    if isinstance(recorded, list) and isinstance(replayed, list) and len(recorded) == len(replayed) and recorded:
+        lit = [(_lit(a), _lit(b)) for a, b in zip(recorded, replayed)]
+        edges = {i for i in range(1, len(lit)) for side in (0, 1) if lit[i][side] != lit[i - 1][side]}
+        near_edge = {j for i in edges for j in (i - 1, i, i + 1)}
+        mismatched = sum(x != y for x, y in lit)
+        same_side_differ = any(differ(a, b) for i, ((x, y), a, b) in enumerate(zip(lit, recorded, replayed))
+                               if x == y and i not in near_edge)
+        return not same_side_differ and mismatched <= TRACE_SHIFT * len(recorded)
+    key = "result" if ordered[index].get("type") == "agent" else "reply"
+    t = ordered[index]["t_ns"]
+    lo = bisect.bisect_left([ordered[j]["t_ns"] for j in sent_at], t - SHIFT_WINDOW_NS)
+    window = []
+    for j in sent_at[lo:]:
+        if ordered[j]["t_ns"] > t + SHIFT_WINDOW_NS:
+            break
+        if j != index:
+            window.append(ordered[j].get(key))
+    if any(differ(reply, replayed) is None for reply in window):
+        return True
+    # a reading taken as the light came or went: between what the recording read around it
+    value, around = _number(replayed), [_number(r) for r in window]
+    around = [x for x in around if x is not None]
+    return value is not None and len(around) >= 2 and min(around) <= value <= max(around)
+
+
+def _near_a_change(changes: list[tuple[int, int]], entry: dict) -> bool:
+    """Whether a change of the bench (a fault made or undone, a switch command) was under way
+    within SHIFT_WINDOW_NS of the exchange."""
+    t, done = entry["t_ns"] - SHIFT_WINDOW_NS, entry.get("done_ns", entry["t_ns"]) + SHIFT_WINDOW_NS
+    i = bisect.bisect_left(changes, (t - 60_000_000_000, 0))
+    for start, end in changes[i:]:
+        if start > done:
+            return False
+        if end >= t:
+            return True
+    return False
+
+
+def _lit(value: Any) -> bool:
+    """A sample that sees light: above -40 dBm, or above 0.1 uW where it is in watts."""
+    x = _number(value)
+    if x is None:
+        return False
+    return x > 1e-7 if 0 < x < 1 else x > DARK_DBM
+
+
+def _power_differences(a: Analysis, b: Analysis) -> dict:
+    """Per detector port: the lit readings' mean difference, replay minus recording (dB)."""
+    by_index = {r.index: r for r in b.readings}
+    diffs: dict[int, list[float]] = {}
+    for r in a.readings:
+        other = by_index.get(r.index)
+        if other is None or other.port != r.port or r.dbm <= DARK_DBM or other.dbm <= DARK_DBM:
+            continue
+        diffs.setdefault(r.port, []).append(other.dbm - r.dbm)
+    mean = {port: statistics.median(v) for port, v in diffs.items()}
+    return {"per_port_db": {str(p): round(m, 3) for p, m in sorted(mean.items())},
+            "ports": sorted(p for p, m in mean.items() if abs(m) > POWER_TOLERANCE_DB)}
+
+
+def _parameters(bench, kinds: dict, powers: dict) -> list[dict]:
+    """The bench-file parameters that the differences point at."""
+    switch = f"instruments.{bench.topology.switch}.emulation"
+    named = []
+    if kinds["switch per connection"]["match"] is False or kinds["switch"]["match"] is False:
+        named.append({"parameter": f"{switch}.switching_time_s", "because": "switching takes another time"})
+    if kinds["switch per connection (spread)"]["match"] is False:
+        named.append({"parameter": f"{switch}.switching_jitter_s", "because": "switching times spread otherwise"})
+    if powers["ports"]:
+        shifts = [powers["per_port_db"][str(p)] for p in powers["ports"]]
+        every = len(powers["ports"]) == len(powers["per_port_db"]) and max(shifts) - min(shifts) <= POWER_TOLERANCE_DB
+        named.append({"parameter": f"{switch}.{'insertion_loss_db' if every else 'port_loss_db'}",
+                      "because": "light differs at ports " + ", ".join(
+                          f"{p} ({powers['per_port_db'][str(p)]:+.2f} dB)" for p in powers["ports"])})
+    for label, k in kinds.items():
+        if k["match"] is not False:
+            continue
+        kind, _, host = label.partition(" ")
+        host = host.split(" ")[0]
+        if kind == "link_up":
+            named.append({"parameter": f"topology.hosts.{host}.emulation.lock_time_s+link_up_time_s",
+                          "because": f"{host}'s NICs come up at another time after light"})
+        elif kind == "agent":
+            named.append({"parameter": f"topology.hosts.{host}.emulation.agent_latency_s",
+                          "because": f"{host}'s agent answers at another time"})
+        elif kind == "job_start":
+            named.append({"parameter": "job.startup_time_s", "because": f"the job on {host} starts at another time"})
+    return named
+
+
+def render(report: dict) -> str:
+    """The report as text."""
+    lines = [f"fidelity: {report['exchanges']} exchanges replayed (time scale {report['time_scale']:g})"]
+
+    def ms(x):
+        return "-" if x is None else f"{x * 1000:.2f}"
+
+    lines.append(f"{'kind':46} {'n rec':>6} {'median rec':>11} {'p90 rec':>9} {'n rep':>6} {'median rep':>11} "
+                 f"{'p90 rep':>9}  verdict")
+    for label, k in report["timing"].items():
+        a, b = k["recorded"], k["replayed"]
+        stat = k["judged_on"]
+        verdict = {True: "match", False: "DIFFERS", None: "-"}[k["match"]]
+        if stat == "std":
+            lines.append(f"{label:46} {a['n']:6} {ms(a['std']):>11} {'':9} {b['n']:6} {ms(b['std']):>11} {'':9}  "
+                         f"{verdict} (std, ms)")
+        else:
+            lines.append(f"{label:46} {a['n']:6} {ms(a['median']):>11} {ms(a['p90']):>9} {b['n']:6} "
+                         f"{ms(b['median']):>11} {ms(b['p90']):>9}  {verdict} (ms)")
+    per_port = report["powers"]["per_port_db"]
+    lines.append("light, replay minus recording (dB) per port: " +
+                 (", ".join(f"{p}: {d:+.2f}" for p, d in per_port.items()) or "no lit readings"))
+    differing = report["replies_differing"]
+    lines.append(f"replies that differ: {len(differing)} (not judged: identity replies "
+                 f"{report['identity_replies_differing']}; the same replies at another moment, or while the bench "
+                 f"was changing: {report['replies_shifted_in_time']})")
+    for r in differing[:20]:
+        lines.append(f"  #{r['index']} {r['name']} {r['exchange']!s:.50}: {r['why']}")
+    if len(differing) > 20:
+        lines.append(f"  ... and {len(differing) - 20} more")
+    if report["parameters"]:
+        lines.append("parameters that differ:")
+        lines += [f"  {p['parameter']}: {p['because']}" for p in report["parameters"]]
+    lines.append("verdict: " + ("MATCH within tolerance" if report["match"] else "DIFFERS"))
+    return "\n".join(lines) + "\n"
+
+
+def fidelity(bench, path, *, speed: float = 1.0) -> dict:
+    """Replay the transcript at ``path`` against ``bench``; the report."""
+    header, entries = transcript.read(path)
+    replayed = Replayer(bench, header, entries, speed=speed).run()
+    return compare(bench, entries, replayed, header.get("time_scale", 1.0))
