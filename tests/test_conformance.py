@@ -1,0 +1,125 @@
+"""The emulators against their vendors' programming references, transcribed as data
+(instruments/emulators/manuals/): every implemented command in its long and its short form,
+every refused one answered with an error, every declared one in its manual, and the generated
+table in docs/ current."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from lumion_hil.harness.config import load_bench
+from lumion_hil.instruments.emulators import conformance
+from lumion_hil.instruments.emulators.scpi import ScpiDevice, _compile, _match, _TOKEN
+from lumion_hil.instruments.emulators.world import World
+from conftest import BENCHES, ROOT
+
+BENCH_OF = {"polatis": "emulated.yaml", "keysight-n77xx": "emulated.yaml", "thorlabs-pm100": "emulated.yaml",
+            "dicon-matrix": "emulated-serial.yaml"}
+MODELS = conformance.available()
+
+
+def _emulator(model: str):
+    """The model's emulator over a world of its bench, in this process (no transport: the
+    transports have tests of their own)."""
+    bench = load_bench(BENCHES / BENCH_OF[model], time_scale=0.01)
+    world = World(bench)
+    name, spec = next((n, s) for n, s in bench.instruments.items() if s.model == model)
+    if model == "polatis":
+        from lumion_hil.instruments.emulators.polatis import PolatisEmulator
+        return PolatisEmulator(name, spec, world)
+    if model == "keysight-n77xx":
+        from lumion_hil.instruments.emulators.keysight_n77xx import KeysightN77xxEmulator
+        return KeysightN77xxEmulator(name, spec, world, bench)
+    if model == "thorlabs-pm100":
+        from lumion_hil.instruments.emulators.thorlabs_pm100 import ThorlabsPM100Emulator
+        return ThorlabsPM100Emulator(name, spec, world, bench)
+    from lumion_hil.instruments.emulators.dicon import DiconEmulator
+    return DiconEmulator(name, spec, world)
+
+
+def _errors(device, manual) -> list[str]:
+    """Empty the error queue; the entries it held."""
+    found = []
+    for _ in range(40):
+        reply = device.handle_line(manual.error_query)
+        text = reply.decode() if isinstance(reply, bytes) else (reply or "")
+        if text.strip() == manual.no_error or not text.strip():
+            break
+        found.append(text.strip())
+    return found
+
+
+def _code(error: str) -> int:
+    m = re.match(r"\s*([+-]?\d+)", error)
+    return int(m.group(1)) if m else 0
+
+
+def test_the_table_in_docs_is_current():
+    path = ROOT / "docs" / "conformance.md"
+    assert path.read_text() == conformance.document(), \
+        "docs/conformance.md is stale: python -m lumion_hil.instruments.emulators.conformance --write docs/conformance.md"
+
+
+def test_forms_of_a_pattern():
+    assert conformance.forms("[:SENSe[n]]:POWer[:DC]:UNIT?") == (":SENSE1:POWER:DC:UNIT?", ":POW:UNIT?")
+    assert conformance.forms(":OXC:SWITch:CONNect:ADD") == (":OXC:SWITCH:CONNECT:ADD", ":OXC:SWIT:CONN:ADD")
+    assert conformance.forms("*IDN?") == ("*IDN?", "*IDN?")
+    assert conformance.forms(":READ[n]:CHANnel[m]:POWer?", 2) == (":READ2:CHANNEL2:POWER?", ":READ2:CHAN2:POW?")
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_implemented_command_works_in_long_and_short_form(model):
+    manual = conformance.load(model)
+    device = _emulator(model)
+    failures = []
+    for command in manual.commands:
+        if command.state != "implemented":
+            continue
+        for header in conformance.spellings(manual, command):
+            _errors(device, manual)
+            line = f"{header} {command.send}".strip()
+            reply = device.handle_line(line)
+            errors = _errors(device, manual)
+            wanted = [] if command.expect_error is None else [command.expect_error]
+            if [_code(e) for e in errors] != wanted:
+                failures.append(f"{line!r}: errors {errors}, expected {wanted or 'none'}")
+            elif header.endswith("?") and command.expect_error is None and reply in (None, "", b""):
+                failures.append(f"{line!r}: a query with no reply")
+            if command.command.upper().startswith(("*RST", "SYST:PRES", ":SYST:PRES")):
+                device.handle_line("*CLS")
+    assert not failures, f"{model}: " + "; ".join(failures)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_refused_command_is_answered_with_an_error(model):
+    manual = conformance.load(model)
+    device = _emulator(model)
+    silent = []
+    for command in manual.commands:
+        if command.state != "refused":
+            continue
+        header = conformance.spellings(manual, command)[0]
+        _errors(device, manual)
+        line = f"{header} {command.send}".strip()
+        device.handle_line(line)
+        if not _errors(device, manual):
+            silent.append(line)
+    assert not silent, f"{model}: refused in its manual file, but accepted without an error: {silent}"
+
+
+@pytest.mark.parametrize("model", [m for m in MODELS if conformance.load(m).syntax == "scpi"])
+def test_every_command_the_emulator_declares_is_in_its_manual(model):
+    manual = conformance.load(model)
+    device = _emulator(model)
+    assert isinstance(device, ScpiDevice)
+    patterns = [(_compile(c.command)[0], c.command.endswith("?")) for c in manual.commands
+                if c.state == "implemented"]
+    missing = []
+    for declared in device._commands:
+        long, _ = conformance.forms(declared.pattern)
+        tokens = [(m.group(1), m.group(2)) for m in (_TOKEN.fullmatch(t) for t in long.rstrip("?").lstrip(":").split(":"))]
+        if not any(q == declared.query and _match(items, tokens, []) is not None for items, q in patterns):
+            missing.append(declared.pattern)
+    assert not missing, f"{model}: declared by the emulator but not implemented in its manual file: {missing}"

@@ -1,0 +1,221 @@
+"""The emulated PM100D against what its SCPI reference says and the generic conformance test
+cannot see: ranges snap to the meter's own (so drivers that step ranges converge), the current
+range is one gain stage with the power range, the user attenuation in every spelling, frequency
+measurement of modulated light, and the refusals' error numbers. In process, as
+tests/test_conformance.py drives the emulators."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from conftest import BENCHES
+from lumion_hil.harness.config import load_bench
+from lumion_hil.instruments.emulators.thorlabs_pm100 import (
+    CURRENT_RANGES_A,
+    OVER_RANGE,
+    POWER_RANGES_W,
+    ThorlabsPM100Emulator,
+)
+from lumion_hil.instruments.emulators.world import World
+
+NO_ERROR = '0,"No error"'
+
+
+def _meter(lit: bool):
+    bench = load_bench(BENCHES / "emulated.yaml", time_scale=0.01)
+    world = World(bench)
+    meter = ThorlabsPM100Emulator("pm-usb", bench.instruments["pm-usb"], world, bench)
+    if lit:
+        world.connect(bench.safety.baseline)
+        deadline = time.monotonic() + 5
+        while world.port_power_dbm(meter.head.tap.port) is None:  # the switch settles
+            assert time.monotonic() < deadline, "no light reached the tap"
+            time.sleep(0.001)
+    return meter, world
+
+
+@pytest.fixture
+def dark():
+    return _meter(lit=False)[0]
+
+
+@pytest.fixture
+def lit():
+    return _meter(lit=True)
+
+
+def ask(meter, line: str) -> str:
+    reply = meter.handle_line(line)
+    return reply.decode() if isinstance(reply, bytes) else reply
+
+
+def errors(meter) -> list[str]:
+    found = []
+    while (reply := ask(meter, "SYST:ERR?")) != NO_ERROR:
+        found.append(reply)
+    return found
+
+
+def test_a_range_asked_for_snaps_to_the_smallest_range_that_holds_it(dark):
+    dark.handle_line("SENS:CURR:RANG 3e-6")
+    assert float(ask(dark, "SENS:CURR:RANG?")) == 5e-6
+    assert ask(dark, "SENS:CURR:RANG:AUTO?") == "0"  # choosing a range ends auto ranging
+    dark.handle_line("SENSE1:CURRENT:DC:RANGE:UPPER 50 UA")
+    assert float(ask(dark, "CURR:RANG?")) == 5e-5
+    dark.handle_line("POW:RANG 1.1e-3")
+    assert float(ask(dark, "POW:RANG?")) == 2e-3
+    dark.handle_line("POW:RANG 1")  # more than the least sensitive range: that one
+    assert float(ask(dark, "POW:RANG?")) == POWER_RANGES_W[-1]
+    assert float(ask(dark, "POW:RANG? 3e-7")) == 5e-7  # the range that would hold it, unchanged
+    assert float(ask(dark, "POW:RANG?")) == POWER_RANGES_W[-1]
+    assert (float(ask(dark, "CURR:RANG? MIN")), float(ask(dark, "CURR:RANG? MAX"))) == (2e-8, 2e-2)
+    listing = [float(v) for v in ask(dark, "SENS:CURR:RANG? AUTO").split(",")]
+    assert listing == sorted(CURRENT_RANGES_A, reverse=True)  # least sensitive first
+    assert errors(dark) == []
+
+
+def test_current_and_power_ranges_are_one_gain_stage(dark):
+    dark.handle_line("SENS:CURR:RANG 1e-4")
+    assert float(ask(dark, "SENS:POW:RANG?")) == 1e-4
+    dark.handle_line("SENS:POW:RANG:AUTO ON")
+    assert ask(dark, "SENS:CURR:RANG:AUTO?") == "1"
+    dark.handle_line("CURR:RANG DEF")  # the reference takes MIN and MAX only
+    dark.handle_line("CURR:RANG -1")
+    assert [e.split(",")[0] for e in errors(dark)] == ["-224", "-222"]
+
+
+def test_a_driver_stepping_ranges_down_reaches_the_bottom(dark):
+    """Down a tenth at a time until the range is the most sensitive one: the meter's own ranges
+    end the loop (a meter keeping any number it is given never equals its MIN exactly)."""
+    bottom = float(ask(dark, "SENS:POW:RANG? MIN"))
+    dark.handle_line("SENS:POW:RANG MAX")
+    seen = []
+    for _ in range(20):
+        current = float(ask(dark, "SENS:POW:RANG?"))
+        seen.append(current)
+        if current == bottom:
+            break
+        dark.handle_line(f"SENS:POW:RANG {current / 10:.6E}")
+    assert seen[-1] == bottom and seen == sorted(seen, reverse=True) and len(seen) <= 8
+    assert errors(dark) == []
+
+
+def test_a_driver_fitting_the_range_to_the_light_settles(lit):
+    meter, _ = lit
+    meter.handle_line("SENS:POW:UNIT W")
+    meter.handle_line("SENS:POW:RANG MAX")
+    ranges = []
+    for _ in range(6):
+        power = float(ask(meter, "MEAS:POW?"))
+        assert power < OVER_RANGE / 10
+        meter.handle_line(f"SENS:POW:RANG {power * 1.2:.6E}")
+        ranges.append(float(ask(meter, "SENS:POW:RANG?")))
+        if len(ranges) > 1 and ranges[-1] == ranges[-2]:
+            break
+    assert ranges[-1] == ranges[-2] and ranges[-1] in POWER_RANGES_W
+    assert power <= ranges[-1]
+
+
+def test_light_above_a_manual_range_is_over_range_and_auto_ranging_follows_it(lit):
+    meter, _ = lit
+    meter.handle_line("SENS:POW:RANG MIN")
+    assert float(ask(meter, "MEAS:POW?")) == OVER_RANGE
+    assert float(ask(meter, "MEAS:CURR?")) == OVER_RANGE
+    meter.handle_line("SENS:POW:RANG:AUTO ON")
+    power = float(ask(meter, "MEAS:POW?"))
+    chosen = float(ask(meter, "SENS:POW:RANG?"))
+    assert 1e-6 < power <= chosen and chosen in POWER_RANGES_W
+    assert chosen == min(r for r in POWER_RANGES_W if r >= power)
+    current = float(ask(meter, "MEAS:CURR?"))
+    responsivity = float(ask(meter, "SENS:CORR:POW?"))
+    assert current == pytest.approx(power * responsivity, rel=0.05)
+
+
+@pytest.mark.parametrize("spelling", ["SENS:CORR", "CORR:LOSS", "CORR:LOSS:INP", "CORR:MAGN", "SENS1:CORR:LOSS:INP:MAGN"])
+def test_the_user_attenuation_in_every_spelling(lit, spelling):
+    meter, _ = lit
+    meter.handle_line("SENS:POW:UNIT DBM")
+    before = float(ask(meter, "MEAS:POW?"))
+    meter.handle_line(f"{spelling} 3")
+    assert float(ask(meter, f"{spelling}?")) == 3.0
+    after = float(ask(meter, "MEAS:POW?"))
+    assert after - before == pytest.approx(3.0, abs=0.3)
+    assert float(ask(meter, "CORR? MAX")) == 60.0 and float(ask(meter, "CORR? DEF")) == 0.0
+    assert errors(meter) == []
+
+
+def test_frequency_of_cw_light_is_zero_and_of_modulated_light_its_rate(lit):
+    meter, world = lit
+    assert float(ask(meter, "MEAS:FREQ?")) == 0.0
+    assert ask(meter, "CONF?") == "FREQ"
+    ingress = next(i for i, e in world.connections().items() if e == meter.head.tap.port)
+    rate_hz = 20.0  # on and off 20 times a (bench) second, through the whole gate and after it
+    half_ns = world.scaled_ns(0.5 / rate_hz)
+    start = world.now_ns()
+    for k in range(int(2 * rate_hz * 10)):
+        world.set_source(ingress, k % 2 == 1, start + k * half_ns)
+    measured = float(ask(meter, "MEAS:FREQ?"))
+    assert measured == pytest.approx(rate_hz, abs=4.0)
+    meter.handle_line("SENS:PEAK 99")  # a threshold above the light: no edges
+    meter.handle_line("SENS:POW:RANG MAX")
+    assert float(ask(meter, "MEAS:FREQ?")) == 0.0
+    assert errors(meter) == []
+
+
+def test_settings_snap_to_what_the_meter_takes(dark):
+    dark.handle_line("SENS:CORR:WAV 1310.4")
+    assert float(ask(dark, "SENS:CORR:WAV?")) == 1310.0
+    dark.handle_line("SENS:AVER 2.5")
+    assert ask(dark, "SENS:AVER?") == "3"
+    dark.handle_line("SENS:PEAK 33.3")
+    assert ask(dark, "SENS:PEAK?") == "33"
+    assert float(ask(dark, "SENS:CORR:POW? 1310")) == pytest.approx(0.9)
+    assert errors(dark) == []
+
+
+def test_the_measurement_system(dark):
+    assert ask(dark, "FETC:STAT?") == "0"
+    dark.handle_line("FETC?")
+    assert errors(dark) == ['-230,"Data corrupt or stale"']
+    dark.handle_line("CONF:CURR")
+    dark.handle_line("INIT")
+    assert ask(dark, "FETC:STAT?") == "1" and ask(dark, "CONF?") == "CURR"
+    assert float(ask(dark, "FETC?")) < 1e-6
+    dark.handle_line("CONF:TEMP")
+    assert float(ask(dark, "READ?")) == pytest.approx(23.0)
+    assert 5e3 < float(ask(dark, "MEAS:RES?")) < 20e3
+    assert ask(dark, "CONF?") == "RES"
+    dark.handle_line("SENS:CORR:BEAM 10")
+    density = float(ask(dark, "MEAS:PDEN?"))
+    assert ask(dark, "CONF?") == "POWDENS" and density > 0
+    dark.handle_line("ABOR")
+    dark.handle_line("FETC?")
+    assert [e.split(",")[0] for e in errors(dark)] == ["-230"]
+
+
+@pytest.mark.parametrize("line,code", [
+    ("MEAS:ENER?", -221), ("CONF:ENER", -221), ("SENS:ENER:RANG MAX", -221), ("INP:THER:ACC:TAU 1", -221),
+    ("MEAS:VOLT?", -221), ("SENS:VOLT:REF:STAT ON", -221), ("MEAS:POS?", -221), ("SENS:CORR:POW 0.9", -221),
+    ("CONF:ARR 10,100", -113), ("SOUR:DIG:DATA 0", -113), ("SENS:TEMP:DATA?", -113), ("SENS:BOGUS 1", -113),
+    ("SENS2:CORR:WAV 1310", -114),
+])
+def test_refusals_answer_the_reference_error(dark, line, code):
+    assert ask(dark, line) is None
+    found = errors(dark)
+    assert len(found) == 1 and int(found[0].split(",")[0]) == code
+
+
+def test_clock_and_line_frequency(dark):
+    dark.handle_line("SYST:DATE 2031,2,28")
+    assert ask(dark, "SYST:DATE?") == "2031,02,28"
+    dark.handle_line("SYST:TIME 23,59,0")
+    assert ask(dark, "SYST:TIME?").startswith("23,59,")
+    dark.handle_line("SYST:DATE 2031,2,30")
+    dark.handle_line("SYST:LFR 55")
+    assert [e.split(",")[0] for e in errors(dark)] == ["-222", "-224"]
+    dark.handle_line("SYST:LFR 60")
+    assert ask(dark, "SYST:LFR?") == "60"
+    assert not math.isnan(float(ask(dark, "FREQ:RANG?")))
