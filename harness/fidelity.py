@@ -44,7 +44,7 @@ FAST_METHODS = {"clock", "health", "links", "link", "job_status", "job_steps", "
 
 # Timing tolerances per kind: a median within max(rel x the recording's median, abs seconds).
 TOLERANCE = {"switch": (0.10, 0.002), "switch_per_connection": (0.10, 0.002), "switch_spread": (0.5, 0.0005),
-             "light": (0.25, 0.010), "link_up": (0.25, 0.010), "agent": (1.0, 0.005), "job_start": (0.10, 0.05)}
+             "light": (0.25, 0.010), "link_up": (0.25, 0.010), "agent": (1.0, 0.005), "job_start": (0.15, 0.10)}
 POWER_TOLERANCE_DB = 0.3
 
 
@@ -592,9 +592,12 @@ class Distribution:
         return cls(len(v), statistics.median(v), q(0.1), q(0.9), statistics.pstdev(v) if len(v) > 1 else 0.0)
 
 
+MIN_SAMPLES = 2  # a single sample is no distribution: shown, not judged
+
+
 def _judge(kind: str, a: Distribution, b: Distribution, stat: str = "median") -> bool | None:
     x, y = getattr(a, stat), getattr(b, stat)
-    if x is None or y is None:
+    if x is None or y is None or min(a.n, b.n) < MIN_SAMPLES:
         return None
     rel, absolute = TOLERANCE[kind]
     return abs(y - x) <= max(rel * abs(x), absolute)

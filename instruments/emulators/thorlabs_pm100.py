@@ -17,8 +17,8 @@ emulated photodiode has no dark current beyond its floor.
 
 Ranges: the meter has one gain stage; a range is chosen as a current (CURRent:RANGe, in A) or
 a power (POWer:RANGe, in W), and whatever is asked is snapped to the smallest of the meter's
-ranges that holds it ("the range fitting given current best"; MIN the most sensitive, MAX the
-least), as the reference says the meter rounds values it only takes from a set. Assumption (no
+ranges that holds it (the reference: the range that fits the value best; MIN the most sensitive,
+MAX the least), as the reference says the meter rounds values it only takes from a set. Assumption (no
 source was found for the gain levels): 1-2-5 steps, 20 nA to 20 mA (19 ranges; SCPI-99's L125
 stepping), and the power ranges the same values at a nominal 1 A/W, 20 nW to 20 mW (the sensor's
 maximum). Choosing a range ends auto ranging; with auto
