@@ -3,21 +3,30 @@ pseudo-terminal that pyserial opens like a real port.
 
 The command set of DiCon's "3D Matrix MxN Switch RS232 Serial Port (ASCII) Command Set" as a
 published driver for the GP600 uses it (gdsfactory/autosweep DiConGP600.py, tests/replay), and
-the shared instrument reference's forms:
+the shared instrument reference's forms; every command with its state here is transcribed in
+manuals/dicon-matrix.yaml (the manual itself was not found: it names the drivers read):
 
 - ``*IDN?`` (``Dicon Fiberoptics Inc, GP600, <serial>, 7.0``), ``VER?``, ``SYST:CONF?`` (``X1``);
 - ``X1 CH <in> <out>`` moves input ``in`` to output ``out`` (0: parked) and keeps the switch busy
   until the mirror settles (it handles one line at a time, so the next answer comes after);
   ``X1 CH <in>?`` answers ``<in>,<out>``; ``X1 CH? <in>`` answers ``<out>`` (the reference's
   form); ``X1 CH * 0`` and ``RESET`` park every input; ``REBOOT``;
+- ``X1 <in> <out>`` and ``X1 <in>?``: the same with the CHannel token left out, which DiCon's
+  GP700/GP750 manual allows for matrix switches (quoted in a published C# driver's comments);
+  assumed to hold on the GP600, whose command family it is;
 - ``X1 DIM?`` (``<inputs>,<outputs>``), ``X1 WAVESAVAIL?``, ``X1 W <nm>``, ``X1 W?``;
 - ``WEN 0|1``, ``WEN?``: save the state, so that it survives a power loss (off: every mirror
   parks when power goes; assumption for the default);
-- ``SYST:ERR?``: the error queue, ``+0, No Error`` when empty, entries ``<code>, <message>``.
+- ``SYST:ERR?``: the error queue, ``+0, No Error`` when empty, entries ``<code>, <message>``;
+  ``*CLS`` empties it and ``*RST`` parks every input and empties it (drivers of DiCon's GP750
+  and 1xN modules send both; what they do on a GP600 is assumed).
 
 Set commands answer nothing; what the switch refuses goes on the error queue (the numbers are
-SCPI's: assumption, the driver prints only the "No Error" form). Lines may end in CR, LF or
-CR LF; answers end in CR LF (assumption: both kinds of client then find their terminator).
+SCPI's: assumption, the driver prints only the "No Error" form). Commands of other DiCon
+products (the 1xN module's ``I1``, ``PK``, ``CF?``, ``ID?``, ``EO``; the GP700's slot-addressed
+``SL<n>:...``) are not in an X1 GP600's set and answer -113 "Undefined header". Lines may end
+in CR, LF or CR LF; answers end in CR LF (assumption: both kinds of client then find their
+terminator).
 """
 
 from __future__ import annotations
@@ -87,7 +96,7 @@ class DiconEmulator:
         if not text:
             return None
         reply = self._handle(text)
-        if "errors" in self.faults and text.upper() not in ("SYST:ERR?", "*IDN?"):
+        if "errors" in self.faults and text.upper() not in ("SYST:ERR?", "*IDN?", "*CLS"):
             self._error(DEVICE)
         return reply
 
@@ -103,6 +112,13 @@ class DiconEmulator:
             return self.identity.rsplit(",", 1)[1].strip()
         if upper == "SYST:CONF?":
             return "X1"
+        if upper == "*CLS":
+            self.errors.clear()
+            return None
+        if upper == "*RST":
+            self.errors.clear()
+            self.world.disconnect(None)
+            return None
         if upper == "SYST:ERR?":
             if not self.errors:
                 return NO_ERROR
@@ -125,7 +141,7 @@ class DiconEmulator:
             else:
                 self.wavelength = int(float(m.group(1)))
             return None
-        if m := re.fullmatch(r"X1 CH (\d+) ?\?", upper):
+        if m := re.fullmatch(r"X1 (?:CH )?(\d+) ?\?", upper):
             out = self._output(int(m.group(1)))
             return None if out is None else f"{int(m.group(1))},{out}"
         if m := re.fullmatch(r"X1 CH\? (\d+)", upper):
@@ -134,7 +150,10 @@ class DiconEmulator:
         if upper in ("X1 CH * 0", "RESET"):
             self.world.disconnect(None)
             return None
-        if m := re.fullmatch(r"X1 CH (\d+) (\d+)", upper):
+        if re.fullmatch(r"X1 CH \* \d+", upper):  # every input to one output: no such connection
+            self._error(OUT_OF_RANGE)
+            return None
+        if m := re.fullmatch(r"X1 (?:CH )?(\d+) (\d+)", upper):
             self._move(int(m.group(1)), int(m.group(2)))
             return None
         if upper == "REBOOT":

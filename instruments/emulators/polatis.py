@@ -2,8 +2,18 @@
 shared instrument reference and third-party drivers and scripts for it use it (short and long
 forms, any case, trailing semicolons, ``;*OPC?`` on the same line, CR LF line ends).
 
+The command set is transcribed in manuals/polatis.yaml (every command with its parameters,
+ranges and state here; the Polatis SCPI manual itself was not found, so it is read from the
+published drivers named there). What the emulated switch cannot do is refused with an error,
+never silently accepted: :meth:`refuse` lists those commands.
+
 Assumed where the reference is silent, and said so:
 - a connection whose ingress or egress is in use is refused with -221 "Settings conflict";
+- ``:oxc:swit:conn:sub`` of a pair that is not connected is refused with -221 likewise; with one
+  of the two lists empty (``(@1,2,3),(@)``, a form a published driver's comments give) every
+  connection of the listed ports is removed, and a listed port that has none is left as it is;
+- ``:oxc:swit:conn:add`` and ``:only`` take an optional third ``<mode>`` argument in a published
+  driver's comments, whose values no source gives: any mode is refused with -224;
 - ``:oxc:swit:conn:port?`` of an unconnected port answers an empty line (a script written
   against an N-OST-24x24 says "no connection returns an empty string": tests/replay);
 - ``*RST`` removes every connection, clears the error queue and re-enables every port (a
@@ -12,8 +22,10 @@ Assumed where the reference is silent, and said so:
 - ``:oxc:boot:mode`` is DARK (no connections after power comes back), RESTore or AUTosave
   (the connections before the loss come back; the default here);
 - ``:oxc:swit:port:stat?`` without a list answers every port, ingress first;
-- ``:syst:comm:netw:addr?`` answers ``key="value"`` pairs, the form a published client library
-  parses (devicecontrol-polatis); the key names are assumed.
+- ``:syst:comm:netw:addr?`` answers ``key="value"`` pairs with the keys a published client's
+  comments give from the manual (``IP``, ``Gateway``, ``Mask``, ``Broadcast``); the emulated
+  switch has one management interface on the bench's loopback address, so ``NETWork2`` answers
+  -241 "Hardware missing" and setting an address is refused with -221.
 """
 
 from __future__ import annotations
@@ -25,6 +37,8 @@ from typing import Any
 
 from lumion_hil.instruments.emulators.scpi import (
     DATA_OUT_OF_RANGE,
+    HARDWARE_MISSING,
+    HEADER_SUFFIX_OUT_OF_RANGE,
     ILLEGAL_PARAMETER,
     MISSING_PARAMETER,
     PARAMETER_NOT_ALLOWED,
@@ -40,6 +54,8 @@ from lumion_hil.instruments.emulators.scpi import (
 from lumion_hil.instruments.emulators.world import World, WorldError
 
 _WORLD_ERRORS = {"range": DATA_OUT_OF_RANGE, "conflict": SETTINGS_CONFLICT, "argument": ILLEGAL_PARAMETER}
+ADDRESS_FIXED = (SETTINGS_CONFLICT[0], "Settings conflict; the address is the bench's")
+ONE_INTERFACE = (HARDWARE_MISSING[0], "Hardware missing; one management interface")
 
 
 class PolatisEmulator(ScpiDevice):
@@ -67,11 +83,13 @@ class PolatisEmulator(ScpiDevice):
         c(":OXC:SWITch:PORT:DISable", lambda a: self._set_ports(a, "D"))
         c(":OXC:SWITch:PORT:ENABle", lambda a: self._set_ports(a, "E"))
         c(":OXC:BOOT:MODE", lambda a: setattr(self, "boot_mode", choice(a, "DARK", "RESTore", "AUTosave")))
-        c(":OXC:BOOT:MODE?", lambda a: {"DARK": "DARK", "RESTore": "REST", "AUTosave": "AUT"}[self.boot_mode])
-        c(":SYSTem:COMMunicate:NETWork:ADDRess?",
-          lambda a: no_args(a) or 'IPADDR="127.0.0.1" NETMASK="255.0.0.0" GATEWAY="0.0.0.0" DHCP="OFF"')
+        c(":OXC:BOOT:MODE?", lambda a: no_args(a) or {"DARK": "DARK", "RESTore": "REST", "AUTosave": "AUT"}[self.boot_mode])
+        c(":SYSTem:COMMunicate:NETWork[n]:ADDRess?", self._address)
         if spec.power_monitors:
             c(":PMONitor:POWer?", self._power)
+        else:  # a model without monitors (an I-OST, say): the command is there, the hardware not
+            self.refuse(":PMONitor:POWer?", HARDWARE_MISSING)
+        self.refuse(":SYSTem:COMMunicate:NETWork[n]:ADDRess", ADDRESS_FIXED)
 
     def power_on(self) -> None:
         """After a power loss: the error queue empty; connections as the boot mode says."""
@@ -79,13 +97,21 @@ class PolatisEmulator(ScpiDevice):
         if getattr(self, "boot_mode", "AUTosave") == "DARK":
             self.world.disconnect(None)
 
+    # -- what the emulated switch refuses ---------------------------------------------------------
+
     # -- helpers --------------------------------------------------------------------------------
 
-    def _pairs(self, args: str) -> list[tuple[int, int]]:
-        lists = [s for s in split_top_level(args, ",") if s.strip()]
-        if len(lists) != 2:
+    def _lists(self, args: str) -> tuple[list[int], list[int]]:
+        """``<ingress list>,<egress list>[,<mode>]``: the two lists; a mode is refused."""
+        parts = [s for s in split_top_level(args, ",") if s.strip()]
+        if len(parts) < 2:
             raise ScpiError(*MISSING_PARAMETER)
-        ins, outs = parse_channel_list(lists[0]), parse_channel_list(lists[1])
+        if len(parts) > 2:
+            raise ScpiError(*ILLEGAL_PARAMETER)  # <mode>: its values are in no source read
+        return parse_channel_list(parts[0]), parse_channel_list(parts[1])
+
+    def _pairs(self, args: str) -> list[tuple[int, int]]:
+        ins, outs = self._lists(args)
         if len(ins) != len(outs):
             raise ScpiError(*ILLEGAL_PARAMETER)
         return list(zip(ins, outs))
@@ -127,7 +153,20 @@ class PolatisEmulator(ScpiDevice):
         self._world(self.world.connect, self._pairs(args))
 
     def _sub(self, args: str) -> None:
-        self._world(self.world.disconnect, self._pairs(args))
+        ins, outs = self._lists(args)
+        if ins and outs:
+            if len(ins) != len(outs):
+                raise ScpiError(*ILLEGAL_PARAMETER)
+            return self._world(self.world.disconnect, list(zip(ins, outs)))
+        # One list empty: every connection of the ports listed in the other goes.
+        valid = self.world.ingress_ports if ins else self.world.egress_ports
+        listed = ins or outs
+        if any(p not in valid for p in listed):
+            raise ScpiError(*DATA_OUT_OF_RANGE)
+        side = 0 if ins else 1
+        doomed = [pair for pair in self.world.connections().items() if pair[side] in listed]
+        if doomed:
+            self._world(self.world.disconnect, doomed)
 
     def _only(self, args: str) -> None:
         self._world(self.world.replace_all, self._pairs(args))
@@ -162,6 +201,14 @@ class PolatisEmulator(ScpiDevice):
     def _set_ports(self, args: str, state: str) -> None:
         for port in self._ports(args):
             self.world.set_port_state(port, state)
+
+    def _address(self, args: str, interface: int = 1) -> str:
+        no_args(args)
+        if interface == 2:
+            raise ScpiError(*ONE_INTERFACE)
+        if interface != 1:
+            raise ScpiError(*HEADER_SUFFIX_OUT_OF_RANGE)
+        return 'IP="127.0.0.1" Gateway="0.0.0.0" Mask="255.0.0.0" Broadcast="127.255.255.255"'
 
     def _power(self, args: str) -> str:
         t = self.world.now_ns()

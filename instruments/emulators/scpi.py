@@ -325,6 +325,7 @@ class ScpiDevice:
         self.name = name
         self.command_latency_s = command_latency_s
         self._commands: list[_Command] = []
+        self._refusals: list[tuple[list, bool, tuple[int, str]]] = []
         self._errors: collections.deque[tuple[int, str]] = collections.deque()
         self._errors_lock = threading.Lock()
         self.faults: dict[str, float | None] = {}  # name -> value; see FAULTS
@@ -374,6 +375,13 @@ class ScpiDevice:
                              lambda a, n=name, r=register: self.status[n].__setitem__(r, int(integer.parse(a))))
                 self.command(f":STATus:{name}:{register}?", lambda a, n=name, r=register: str(self.status[n][r]))
         self.command(":STATus:PRESet", lambda a: no_args(a) or preset())
+
+    def refuse(self, pattern: str, error: tuple[int, str]) -> None:
+        """A command of the vendor's reference that this emulator answers with ``error`` (what
+        its manual file lists as refused: hardware the bench has not, a setting it must not
+        change), matched only where no declared command matches."""
+        items, query, _ = _compile(pattern)
+        self._refusals.append((items, query, error))
 
     def command(self, pattern: str, handler: Handler) -> None:
         items, query, suffixes = _compile(pattern)
@@ -516,6 +524,10 @@ class ScpiDevice:
                 reply = cmd.handler(args.strip(), *suffixes)
                 new_path = attempt[:-1] if not header.startswith("*") else path
                 return reply, new_path
+        for attempt in tries:
+            for items, is_query, error in self._refusals:
+                if is_query == query and _match(items, attempt, []) is not None:
+                    raise ScpiError(*error)
         raise ScpiError(*UNDEFINED_HEADER)
 
 

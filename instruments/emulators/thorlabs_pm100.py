@@ -47,7 +47,6 @@ from __future__ import annotations
 import datetime
 import math
 import random
-import re
 import time
 
 from lumion_hil.instruments.emulators.photodiode import PhotodiodeChannel, taps_for
@@ -58,13 +57,9 @@ from lumion_hil.instruments.emulators.scpi import (
     ILLEGAL_PARAMETER,
     MISSING_PARAMETER,
     SETTINGS_CONFLICT,
-    UNDEFINED_HEADER,
     Number,
     ScpiDevice,
     ScpiError,
-    _TOKEN,
-    _compile,
-    _match,
     boolean,
     choice,
     keyword,
@@ -122,7 +117,6 @@ class ThorlabsPM100Emulator(ScpiDevice):
         self.head = PhotodiodeChannel(world, taps.get(1), noise_db=spec.emulation.noise_db,
                                       dark_floor_dbm=spec.emulation.dark_floor_dbm, rng=random.Random(seed))
         self.identity = f"Thorlabs,PM100D,EMU{seed:05d},2.4.0"
-        self._refusals: list[tuple[list, bool, tuple[int, str]]] = []
         self.clock_offset_s = 0.0
         self.power_on()
         c, s = self.command, self.sense
@@ -228,12 +222,6 @@ class ThorlabsPM100Emulator(ScpiDevice):
             return handler(args)
         self.command("[:SENSe[n]]" + pattern, on_channel)
 
-    def refuse(self, pattern: str, error: tuple[int, str]) -> None:
-        """A command of the reference that this meter answers with an error: not declared as a
-        command (the manual file lists it as refused), matched only when nothing declared does."""
-        items, query, _ = _compile(pattern)
-        self._refusals.append((items, query, error))
-
     def _refuse_other_sensors(self) -> None:
         r = self.refuse
         for pattern in ("CONFigure[:SCALar]:ENERgy", "CONFigure[:SCALar]:EDENsity", "MEASure[:SCALar]:ENERgy?",
@@ -261,34 +249,6 @@ class ThorlabsPM100Emulator(ScpiDevice):
                         "[:SENSe[n]]:POSition:REFerence:COLLect:ABORt"):
             r(pattern, NOT_QUADRANT)
         r("[:SENSe[n]]:CORRection:POWer[:PDIode][:RESPonse]", HAS_EEPROM)
-
-    def _dispatch(self, text: str, path: list):
-        try:
-            return super()._dispatch(text, path)
-        except ScpiError as exc:
-            if exc.code != UNDEFINED_HEADER[0]:
-                raise
-            error = self._refusal(text, path)
-            if error is None:
-                raise
-            raise ScpiError(*error) from None
-
-    def _refusal(self, text: str, path: list) -> tuple[int, str] | None:
-        header = re.match(r"\S*", text).group(0)
-        query = header.endswith("?")
-        bare = header.rstrip("?")
-        tokens = []
-        for token in bare.lstrip(":").split(":"):
-            m = _TOKEN.fullmatch(token)
-            if not m:
-                return None
-            tokens.append((m.group(1), m.group(2)))
-        tries = [tokens] if bare.startswith(":") or not path else [path + tokens, tokens]
-        for attempt in tries:
-            for items, is_query, error in self._refusals:
-                if is_query == query and _match(items, attempt, []) is not None:
-                    return error
-        return None
 
     # -- state ---------------------------------------------------------------------------------
 
