@@ -499,6 +499,13 @@ class Explorer:
         key = (step.host, step.nic)
         total = self.model.fading.get(key, 0.0) + step.by_db
         now = self.light_at_receiver(step.host, step.nic)  # read before the fade: the oracle's measurement
+        if now is None:
+            nic = next(n for n in self.bench.host(step.host).nics if n.name == step.nic)
+            receiver = self.session.switch.connections().get(nic.tx_port)
+            if receiver is not None:
+                # A receiver no detector sees: what the fade does to its link (margin, or dark) is
+                # unknown to the oracle, so no promise could be judged after it: not made.
+                return f"not made: no detector sees its receiver at port {receiver}"
         self.model.fading[key] = total
         fault = Fault("transceiver_degradation", step.host, step.nic, loss_db=total)
         floor = self.bench.limits.light_floor_dbm
