@@ -123,7 +123,8 @@ class World:
         self.egress_ports = switch.egress_ports
         self.switching_time_ns = self.scaled_ns(switch.emulation.switching_time_s)
         self.switching_jitter_ns = self.scaled_ns(switch.emulation.switching_jitter_s)
-        self._switching_rng = random.Random(f"{bench.emulator.seed}/switching")
+        self._switching_seed = bench.emulator.seed
+        self._connections_made: dict[tuple[int, int], int] = {}  # pair -> how many times it was made
         self.connection_loss_db = {tuple(int(p) for p in key.split("-")): loss
                                    for key, loss in switch.emulation.connection_loss_db.items()}
         self.insertion_loss_db = switch.emulation.insertion_loss_db
@@ -231,7 +232,7 @@ class World:
             self.record(t, "switch.command", "connect", pairs=new)
             lit = start
             for ingress, egress in new:
-                lit += self._switching_ns()
+                lit += self._switching_ns(ingress, egress)
                 circuit = Circuit(ingress, egress, t, lit)
                 self.circuits.append(circuit)
                 self._touch(egress)
@@ -246,11 +247,16 @@ class World:
             self.changed.notify_all()
             return max(self._busy_until_ns, t)
 
-    def _switching_ns(self) -> int:
-        """One connection's switching time: switching_time_s, spread by switching_jitter_s."""
+    def _switching_ns(self, ingress: int, egress: int) -> int:
+        """One connection's switching time: switching_time_s, spread by switching_jitter_s. The
+        n-th making of a pair draws from (seed, pair, n): two benches of one seed draw alike for
+        the same connection, whatever else each did in between (common random numbers)."""
         if not self.switching_jitter_ns:
             return self.switching_time_ns
-        return max(0, int(self._switching_rng.gauss(self.switching_time_ns, self.switching_jitter_ns)))
+        n = self._connections_made.get((ingress, egress), 0)
+        self._connections_made[(ingress, egress)] = n + 1
+        draw = random.Random(f"{self._switching_seed}/{ingress}-{egress}/{n}").gauss(0.0, 1.0)
+        return max(0, int(self.switching_time_ns + draw * self.switching_jitter_ns))
 
     def disconnect(self, pairs: Iterable[tuple[int, int]] | None = None, t_ns: int | None = None) -> None:
         """Remove the given (ingress, egress) connections, or all of them. Light is lost at once:
