@@ -4,10 +4,11 @@
 A manual file transcribes every command of the reference: its pattern as the manual writes it
 (``[:SENSe]:CORRection:WAVelength``), its parameters, unit, range and default, and its state
 here: ``implemented`` (the emulator does what the manual says) or ``refused`` (the emulator
-answers with an error, and ``reason`` says why: no such hardware on the emulated bench, a
-feature the harness never needs...). The project's tests send every implemented command in its
-long and its short form to the emulator, see that every refused one is answered with an error,
-and that every command the emulator declares is in its manual.
+answers with an error, and ``reason`` says why and names it: no such hardware on the emulated
+bench (-241), a setting the bench must not change (-221)...). The project's tests send every
+implemented command in its long and its short form to the emulator, see that every refused one
+is answered with the error its reason names, and that every command the emulator declares is
+in its manual.
 
 ``python -m lumion_hil.instruments.emulators.conformance`` prints the table (Markdown);
 ``--write docs/conformance.md`` writes it (a test checks that the file is current).
@@ -50,9 +51,16 @@ class Command(_Model):
 
     @model_validator(mode="after")
     def _reason_for_refused(self):
-        if self.state == "refused" and not self.reason.strip():
-            raise ValueError(f"{self.command}: a refused command says why (reason)")
+        if self.state == "refused" and self.refused_with is None:
+            raise ValueError(f"{self.command}: a refused command says why, naming the error it answers "
+                             "(reason: '... (-241)')")
         return self
+
+    @property
+    def refused_with(self) -> int | None:
+        """The error number a refused command answers with, as its reason names it."""
+        m = re.search(r"(-\d{3})\b", self.reason)
+        return int(m.group(1)) if m else None
 
 
 class Manual(_Model):
@@ -122,7 +130,7 @@ def forms(pattern: str, suffix: int = 1) -> tuple[str, str]:
         if not m:
             raise ValueError(f"bad SCPI pattern {pattern!r} at {pos}")
         word, marker = m.group(1), m.group(2)
-        short = "".join(c for c in word if c.isupper()) or word.upper()
+        short = "".join(c for c in word if c.isupper() or c.isdigit()) or word.upper()
         digits = str(suffix) if marker else ""
         long_parts.append(word.upper() + digits)
         if depth == 0:

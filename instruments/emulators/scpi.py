@@ -92,7 +92,7 @@ class _Command:
 
 
 def _node(word: str, suffix: bool) -> _Node:
-    short = "".join(ch for ch in word if ch.isupper() or ch in "*") or word.upper()
+    short = "".join(ch for ch in word if ch.isupper() or ch.isdigit() or ch in "*") or word.upper()
     return _Node(short, word.upper(), suffix)
 
 
@@ -156,7 +156,7 @@ def _suffix_nodes(items: list) -> int:
     return sum(_suffix_nodes(i.items) if isinstance(i, _Optional) else int(i.suffix) for i in items)
 
 
-_TOKEN = re.compile(r"([A-Za-z*]+)(\d*)")
+_TOKEN = re.compile(r"([A-Za-z*][A-Za-z0-9*]*?)(\d*)")  # a node may hold digits (Q4Voltage); trailing ones are its suffix
 
 
 def split_top_level(text: str, sep: str) -> list[str]:
