@@ -582,14 +582,17 @@ class Distribution:
     p10: float | None
     p90: float | None
     std: float | None
+    spread: float | None  # robust: 1.4826 x the median absolute deviation (a normal's std; one late command moves it little)
 
     @classmethod
     def of(cls, values: Iterable[float]) -> "Distribution":
         v = sorted(values)
         if not v:
-            return cls(0, None, None, None, None)
+            return cls(0, None, None, None, None, None)
         q = (lambda p: v[min(len(v) - 1, int(p * len(v)))])
-        return cls(len(v), statistics.median(v), q(0.1), q(0.9), statistics.pstdev(v) if len(v) > 1 else 0.0)
+        median = statistics.median(v)
+        return cls(len(v), median, q(0.1), q(0.9), statistics.pstdev(v) if len(v) > 1 else 0.0,
+                   1.4826 * statistics.median(abs(x - median) for x in v))
 
 
 MIN_SAMPLES = 2  # a single sample is no distribution: shown, not judged
@@ -664,7 +667,7 @@ def compare(bench, recorded: list[dict], replayed: list[dict], time_scale: float
 
     add("switch", "switch", [d for d, _ in a.switch], [d for d, _ in b.switch])
     add("switch_per_connection", "switch per connection", a.per_connection(), b.per_connection())
-    add("switch_spread", "switch per connection (spread)", a.per_connection(), b.per_connection(), "std")
+    add("switch_spread", "switch per connection (spread)", a.per_connection(), b.per_connection(), "spread")
     add("light", "light", a.light, b.light)
     switching_matches = kinds["switch per connection"]["match"] is not False
     for host in sorted(set(a.link_up) | set(b.link_up)):
@@ -807,9 +810,9 @@ def render(report: dict) -> str:
         a, b = k["recorded"], k["replayed"]
         stat = k["judged_on"]
         verdict = {True: "match", False: "DIFFERS", None: "-"}[k["match"]]
-        if stat == "std":
-            lines.append(f"{label:46} {a['n']:6} {ms(a['std']):>11} {'':9} {b['n']:6} {ms(b['std']):>11} {'':9}  "
-                         f"{verdict} (std, ms)")
+        if stat == "spread":
+            lines.append(f"{label:46} {a['n']:6} {ms(a['spread']):>11} {'':9} {b['n']:6} {ms(b['spread']):>11} "
+                         f"{'':9}  {verdict} (spread, ms)")
         else:
             lines.append(f"{label:46} {a['n']:6} {ms(a['median']):>11} {ms(a['p90']):>9} {b['n']:6} "
                          f"{ms(b['median']):>11} {ms(b['p90']):>9}  {verdict} (ms)")

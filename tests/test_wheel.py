@@ -5,6 +5,7 @@ It needs the package index (pip installs the wheel's dependencies); CI has it.""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,12 +24,17 @@ def _run(argv, **kw):
     return subprocess.run(argv, capture_output=True, text=True, **kw)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker, even where xdist runs other modules' tests between these
 def installed(tmp_path_factory):
-    """(venv's bin folder, a working folder outside the checkout)."""
+    """(venv's bin folder, a working folder outside the checkout). The wheel is built from a copy
+    of the checkout: setuptools builds in the source's own build/ folder, which another build
+    (a second worker, a developer's) would share."""
     base = tmp_path_factory.mktemp("wheel")
     wheels = base / "dist"
-    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)], timeout=600)
+    source = base / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv", "node_modules", "results", "build",
+                                                                 "__pycache__", "*.egg-info", ".hypothesis"))
+    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)], timeout=600)
     assert built.returncode == 0, built.stdout + built.stderr
     wheel = next(wheels.glob("lumion_hil-*.whl"))
     venv = base / "venv"
