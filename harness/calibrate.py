@@ -18,8 +18,8 @@ analysis of the exchanges), never from the recorded bench's own settings:
 Timings come at the transcript's time scale and are written at real time. What the harness's
 own software adds to a timing (a process's start, a command's round trip) is in the recording
 and in the twin alike; one refining replay of the transcript against the first fit corrects
-the timings that carry it (switching per connection, the job's start, a bring-up measured
-inside commands of several connections) by what still differs (``refine``). Every number carries its source: the
+the timings that carry it (switching per connection, the job's start, the NICs' bring-up as
+their agents stamp it) by what still differs (``refine``). Every number carries its source: the
 transcripts and how many samples.
 """
 
@@ -216,10 +216,10 @@ def refine(bench_text: str, bench_name: str, fitted: Fit, transcripts, load) -> 
     if ra and rb:
         corrected(f"{switch}.switching_time_s", (_median(ra) - _median(rb)) / scale, "switching per connection")
     for host in twin.topology.hosts:
-        # A bring-up measured on circuits made alone is the carrier's own stamp against a known
-        # instant: no software of the twin's in it, and a replay's few samples would only add noise.
+        # The carrier's stamp comes from the host's agent, as late as it sees the change: the
+        # recording's lateness is in the first fit, and the twin's agents add their own.
         (la, alone_a), (lb, alone_b) = _bringup([(a, 1.0)], host.name), _bringup([(b, 1.0)], host.name)
-        if la and lb and not alone_a and not alone_b:
+        if la and lb and alone_a == alone_b:
             delta = (_median(la) - _median(lb)) / scale
             key = f"topology.hosts.{host.name}.emulation"
             lock, up = out.values.get(f"{key}.lock_time_s"), out.values.get(f"{key}.link_up_time_s")
