@@ -613,6 +613,7 @@ def compare(bench, recorded: list[dict], replayed: list[dict], time_scale: float
     replies = []
     informational = 0
     shifted = 0
+    starts = [e["t_ns"] for e in ordered]
     occurrences: dict[tuple, list[int]] = {}  # (channel, command) -> where it was sent, in order
     switch = bench.topology.switch
     changes = sorted((e["t_ns"], e.get("done_ns", e["t_ns"])) for e in ordered
@@ -653,7 +654,7 @@ def compare(bench, recorded: list[dict], replayed: list[dict], time_scale: float
             continue
         replied = other.get("result" if entry["type"] == "agent" else "reply")
         if not entry.get("error") and not other.get("error") and \
-                _shifted(ordered, occurrences.get((entry.get("name"), what), []), index, replied):
+                _shifted(ordered, starts, occurrences.get((entry.get("name"), what), []), index, replied):
             shifted += 1  # the same answers, at another moment: timing, judged with the kinds below
             continue
         replies.append({"index": index, "name": entry.get("name"), "exchange": what, "why": why})
@@ -702,7 +703,7 @@ SHIFT_WINDOW_NS = 25_000_000  # a reply the recording gave to the same request t
 TRACE_SHIFT = 0.2  # a trace (a logged block) whose samples differ only at a light edge, this fraction at most
 
 
-def _shifted(ordered: list[dict], sent_at: list[int], index: int, replayed: Any) -> bool:
+def _shifted(ordered: list[dict], starts: list[int], sent_at: list[int], index: int, replayed: Any) -> bool:
     """Whether a replayed reply is one the recording gave to the same command a little earlier
     or later (a poll that saw the light one poll sooner), or a trace whose light came a few
     samples sooner or later: a difference of timing, not of behaviour."""
@@ -717,7 +718,8 @@ def _shifted(ordered: list[dict], sent_at: list[int], index: int, replayed: Any)
         return not same_side_differ and mismatched <= TRACE_SHIFT * len(recorded)
     key = "result" if ordered[index].get("type") == "agent" else "reply"
     t = ordered[index]["t_ns"]
-    lo = bisect.bisect_left([ordered[j]["t_ns"] for j in sent_at], t - SHIFT_WINDOW_NS)
+    # ordered is in time order and sent_at in index order: the window's first sending by bisection
+    lo = bisect.bisect_left(sent_at, bisect.bisect_left(starts, t - SHIFT_WINDOW_NS))
     window = []
     for j in sent_at[lo:]:
         if ordered[j]["t_ns"] > t + SHIFT_WINDOW_NS:
