@@ -191,7 +191,7 @@ def test_connect_seen_only_after_switching_time_and_disconnect_is_dark(emulated,
     early = meter.read_dbm(1)
     assert world.now_ns() < t_cmd + 50_000_000, "read before the beam settled"
     assert early < -60
-    time.sleep((world.switch_busy_until_ns() - world.now_ns()) / 1e9 + 0.002)
+    world.wait_settled()
     lit = meter.read_dbm(1)
     expected = -1.0 - 0.3 - 0.5 - 1.5 - 10.0  # launch, tx fibre, connectors, switch, 10 dB tap
     assert lit == pytest.approx(expected, abs=0.15)
@@ -202,7 +202,7 @@ def test_connect_seen_only_after_switching_time_and_disconnect_is_dark(emulated,
 def test_extra_loss_on_a_path_reads_lower_by_that_loss(emulated, meters):
     world, meter = emulated.world, meters["pm-usb"]
     world.connect([(2, 21)])
-    time.sleep(0.06)
+    world.wait_settled()
     before = sum(meter.read_dbm() for _ in range(5)) / 5
     world.set_extra_loss(21, 3.0)
     after = sum(meter.read_dbm() for _ in range(5)) / 5
@@ -212,7 +212,7 @@ def test_extra_loss_on_a_path_reads_lower_by_that_loss(emulated, meters):
 def test_wrong_wavelength_setting_misreads(emulated, meters):
     world, meter = emulated.world, meters["pm-usb"]
     world.connect([(2, 21)])
-    time.sleep(0.06)
+    world.wait_settled()
     right = sum(meter.read_dbm() for _ in range(5)) / 5
     meter.set_wavelength_nm(1550)
     wrong = sum(meter.read_dbm() for _ in range(5)) / 5
@@ -261,7 +261,7 @@ def test_light_read_over_vxi11_is_the_worlds(emulated, bench_cfg):
     try:
         world = emulated.world
         world.connect([(4, 17)])
-        time.sleep((world.switch_busy_until_ns() - world.now_ns()) / 1e9 + 0.002)
+        world.wait_settled()
         assert meter.read_dbm(1) == pytest.approx(-1.0 - 0.3 - 0.5 - 1.5 - 10.0, abs=0.15)
         world.disconnect([(4, 17)])
         assert meter.read_dbm(1) < -60

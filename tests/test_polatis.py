@@ -99,8 +99,7 @@ def test_dialogue(case):
 def test_same_case_against_the_emulator(case, emulated):
     world = emulated.world
     case.setup(world)
-    if world.switch_busy_until_ns() > world.now_ns():
-        time.sleep((world.switch_busy_until_ns() - world.now_ns()) / 1e9)
+    world.wait_settled()
     server = emulated.servers["ocs"]
     switch = _open(emulated.resources["ocs"])
     try:

@@ -4,6 +4,8 @@ their public APIs; pyvisa is opened the way real scripts open it."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import pyvisa
 
@@ -19,6 +21,7 @@ ThorlabsPM100 = pytest.importorskip("ThorlabsPM100").ThorlabsPM100
 def bench():
     with EmulatedBench(load_bench(BENCHES / "emulated.yaml", time_scale=0.1)) as emulated:
         emulated.world.connect(emulated.bench.safety.baseline)
+        emulated.world.wait_settled()  # light on every tapped receiver before any test reads it
         yield emulated
 
 
@@ -107,10 +110,9 @@ def test_pyvisa_as_scripts_open_it_and_binary_blocks(bench):
     try:
         meter.write(":SENS1:FUNC:PAR:LOGG 10,1ms")
         assert meter.query(":SENS1:FUNC:STAT LOGG,STAR;*OPC?") == "1"
-        import time
-
-        time.sleep(0.05)
-        assert meter.query(":SENS1:FUNC:STAT?") == "LOGGING_STABILITY,COMPLETE"
+        deadline = time.monotonic() + 5  # 10 samples of 1 ms: a script polls the state, as here
+        while (state := meter.query(":SENS1:FUNC:STAT?")) != "LOGGING_STABILITY,COMPLETE":
+            assert state == "LOGGING_STABILITY,PROGRESS" and time.monotonic() < deadline, state
         values = meter.query_binary_values(":SENS1:FUNC:RES?", datatype="f", is_big_endian=False)
         assert len(values) == 10 and all(-30 < v < 10 for v in values)
         block = meter.query_binary_values(":FETC:POW:ALL?", datatype="f", is_big_endian=False)

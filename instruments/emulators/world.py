@@ -205,6 +205,13 @@ class World:
         with self.lock:
             return self._busy_until_ns
 
+    def wait_settled(self) -> int:
+        """Block until every beam commanded so far has settled (the switch's own busy-until
+        instant, ground truth); returns that instant."""
+        while (remaining := self.switch_busy_until_ns() - self.now_ns()) > 0:
+            time.sleep(remaining / 1e9)
+        return self.switch_busy_until_ns()
+
     def connect(self, pairs: Iterable[tuple[int, int]], t_ns: int | None = None) -> int:
         """Start moving beams for each (ingress, egress). Returns when the last one settles.
 
