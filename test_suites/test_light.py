@@ -10,7 +10,7 @@ import pytest
 
 from lumion_hil.harness import limits
 from lumion_hil.harness.measurements import Spec
-from lumion_hil.test_suites.light import light_threshold_reading_dbm
+from lumion_hil.test_suites.light import light_threshold_reading_dbm, trace_interval_s
 
 pytestmark = allure.feature("light")
 
@@ -24,7 +24,7 @@ def test_light_arrival_time(session, bench_file, optical_switch, baseline_circui
     meter = session.meters[det.instrument]
     budget = limits.switch_completion(bench_file, 1)
     optical_switch.disconnect([baseline_circuit])
-    interval_s = max(0.0005, budget.high / 200)
+    interval_s = trace_interval_s(budget.high)
     trace_handle = meter.start_trace(det.channel, duration_s=3 * budget.high, interval_s=interval_s)
     commanded_ns = time.perf_counter_ns()
     with timeline.span("suite.connect", ingress=ingress, egress=egress):

@@ -12,7 +12,7 @@ import pytest
 
 from lumion_hil.harness import limits
 from lumion_hil.harness.measurements import Spec
-from lumion_hil.test_suites.light import light_threshold_reading_dbm
+from lumion_hil.test_suites.light import light_threshold_reading_dbm, trace_interval_s
 
 pytestmark = allure.feature("link bring-up")
 
@@ -35,7 +35,7 @@ def test_link_comes_up_after_light(session, bench_file, optical_switch, gpu_host
     det = bench_file.meter_detector_for_port(egress)
     meter = session.meters.get(det.instrument) if det else None
     budget = limits.switch_completion(bench_file, 1).high
-    handle = meter.start_trace(det.channel, duration_s=3 * budget, interval_s=max(0.0005, budget / 200)) if meter else None
+    handle = meter.start_trace(det.channel, duration_s=3 * budget, interval_s=trace_interval_s(budget)) if meter else None
     commanded_ns = time.perf_counter_ns()
     with timeline.span("suite.connect", ingress=ingress, egress=egress):
         optical_switch.connect([baseline_circuit])
