@@ -461,26 +461,31 @@ class Replayer:
 
     def _play(self) -> None:
         """Each exchange waits for what it waited for in the recording: the previous exchange of
-        the same harness thread, and the other threads' exchanges that began and ended in the
-        gap before it (a thread joining its workers); then it begins as long after the latest of
-        them as it did in the recording. Exchanges that overlapped there overlap here."""
+        the same harness thread, and the other threads' exchanges that ended in the gap before
+        it, wherever they began (a thread joining its workers, whose exchanges may have begun
+        while it was still busy); then it begins as long after the latest of them as it did in
+        the recording. Exchanges that overlapped there overlap here."""
         t0_rec = self.header["t0_ns"]
         t0 = time.perf_counter_ns()
         playable = [(i, e) for i, e in enumerate(self.entries)
                     if e.get("type") in ("scpi", "serial", "agent", "fault", "repair", "heal")]
-        starts = [e["t_ns"] for _, e in playable]
+        by_end = sorted((_done(e), position) for position, (_, e) in enumerate(playable))
+        ends = [d for d, _ in by_end]
         finished = {i: threading.Event() for i, _ in playable}
         ended_ns: dict[int, int] = {}
         last_of_thread: dict[Any, tuple[int, dict]] = {}
         threads = []
         for position, (index, entry) in enumerate(playable):
             prev = last_of_thread.get(entry.get("thread"))
-            gap_from = _done(prev[1]) if prev else None
             deps = [prev] if prev else []
-            lo = bisect.bisect_left(starts, gap_from) if gap_from is not None else max(0, position - 1)
-            for j in range(lo, position):
+            if prev is None:  # a thread's first exchange: after the one before it, if that had ended
+                window = [position - 1] if position and _done(playable[position - 1][1]) < entry["t_ns"] else []
+            else:
+                lo, hi = bisect.bisect_left(ends, _done(prev[1])), bisect.bisect_left(ends, entry["t_ns"])
+                window = [j for _, j in by_end[lo:hi] if j < position]
+            for j in window:
                 other_index, other = playable[j]
-                if other.get("thread") != entry.get("thread") and _done(other) < entry["t_ns"]:
+                if other.get("thread") != entry.get("thread"):
                     deps.append((other_index, other))
             latest = None
             for dep_index, dep in deps:
