@@ -365,7 +365,10 @@ def emulate(bench_path: Path, time_scale: float | None, defects: tuple[str, ...]
         raise click.ClickException(f"bench {bench.name!r} has no emulated instrument (resource: emulated)")
     instrument_faults, bench = _faults(bench, faults)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Ctrl-C and SIGTERM stop it, also where SIGINT was ignored when it started (a script's
+    # background job inherits SIGINT ignored, and `kill -INT` would otherwise do nothing)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
     with load_backend(bench) as emulated:
         for name, fault in instrument_faults:
             emulated.set_fault(name, fault)
@@ -386,10 +389,7 @@ def emulate(bench_path: Path, time_scale: float | None, defects: tuple[str, ...]
             click.echo(f"lumion-hil: wrote {bench_out}", err=True)
         click.echo("lumion-hil: ready; Ctrl-C to stop", err=True)
         sys.stdout.flush()
-        try:
-            while not stop.wait(0.5):
-                pass
-        except KeyboardInterrupt:
+        while not stop.wait(0.5):
             pass
     click.echo("lumion-hil: stopped", err=True)
 

@@ -80,8 +80,19 @@ def serve_bench(bench_path, tmp_path, time_scale: float = 0.2, *extra: str):
         baseline = f"(@{','.join(str(i) for i, _ in pairs)}),(@{','.join(str(e) for _, e in pairs)})"
         yield bench_out, switch, baseline
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=10)
+        stop_served(proc)
+
+
+def stop_served(proc: subprocess.Popen, within_s: float = 10) -> None:
+    """Ctrl-C a served bench and wait for it; killed if it has not stopped within ``within_s``
+    (a test's failure never leaves an emulator running)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=within_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
 
 
 def emulated_twin(bench_path, tmp_path) -> Path:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from conftest import stop_served
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,8 +62,7 @@ def test_emulate_serves_resources_a_separate_visa_session_can_query(tmp_path):
         idn, opc, state, errors = out.stdout.split("\n")[:4]
         assert idn.startswith("Polatis,") and opc == "1" and state == "(@1),(@20)" and errors == '0,"No error"'
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=10)
+        stop_served(proc)
     assert proc.returncode == 0
 
 
@@ -82,8 +82,7 @@ def test_emulate_prints_the_n77xx_over_vxi11_too():
         out = subprocess.run([sys.executable, "-c", client], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and out.stdout.startswith("Keysight Technologies,N77"), out.stderr
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=10)
+        stop_served(proc)
 
 
 def test_run_writes_results_record_and_passes_pytest_args(tmp_path):

@@ -20,7 +20,7 @@ from lumion_hil.harness.published import published
 from lumion_hil.harness.recovery import ground_truth
 from lumion_hil.harness.session import BenchSession
 from lumion_hil.reports.plots import recovery_figure, render
-from conftest import BENCHES, ROOT
+from conftest import BENCHES, ROOT, stop_served
 
 pytestmark = pytest.mark.alone  # timing judged against ground truth (scripts/tests)
 
@@ -224,8 +224,7 @@ def test_killing_a_run_mid_recovery_keeps_its_record_and_the_next_run_restores_t
         assert run2.returncode == 0, run2.stdout[-2000:]
         assert _connections(switch) == baseline
     finally:
-        emulator.send_signal(signal.SIGINT)
-        emulator.wait(timeout=10)
+        stop_served(emulator)
 
 
 def test_a_wrong_guess_about_which_end_failed_is_retried_with_the_other_end():
