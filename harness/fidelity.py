@@ -490,38 +490,34 @@ class Replayer:
         ends = [d for d, _ in by_end]
         finished = {i: threading.Event() for i, _ in playable}
         ended_ns: dict[int, int] = {}
-        last_of_thread: dict[Any, tuple[int, dict]] = {}
+        last_of_thread: dict[Any, int] = {}  # thread -> position of its latest exchange
         threads = []
         happened = 0  # by_end[:happened]: exchanges already seen to have ended in the replay
         for position, (index, entry) in enumerate(playable):
+            thread_id = entry.get("thread")
             before = bisect.bisect_left(ends, entry["t_ns"])
             for _, j in by_end[happened:before]:
                 _wait_for(finished, playable[j])
             happened = max(happened, before)
-            prev = last_of_thread.get(entry.get("thread"))
-            deps = [prev] if prev else []
-            if prev is None:  # a thread's first exchange: after the one before it, if that had ended
-                window = [position - 1] if position and _done(playable[position - 1][1]) < entry["t_ns"] else []
+            # the gap is kept after what it most likely waited for: its own thread's previous
+            # exchange and the other threads' that ended after that (a thread's first exchange:
+            # the one begun just before it, if that had ended)
+            prev = last_of_thread.get(thread_id)
+            if prev is None:
+                waited = [position - 1] if position and _done(playable[position - 1][1]) < entry["t_ns"] else []
             else:
-                lo, hi = bisect.bisect_left(ends, _done(prev[1])), bisect.bisect_left(ends, entry["t_ns"])
-                window = [j for _, j in by_end[lo:hi] if j < position]
-            for j in window:
-                other_index, other = playable[j]
-                if other.get("thread") != entry.get("thread"):
-                    deps.append((other_index, other))
-            latest = None
-            for dep_index, dep in deps:
-                _wait_for(finished, (dep_index, dep))
-                if latest is None or _done(dep) > latest[0]:
-                    latest = (_done(dep), dep_index)
+                lo = bisect.bisect_left(ends, _done(playable[prev][1]))
+                waited = [prev] + [j for _, j in by_end[lo:before] if playable[j][1].get("thread") != thread_id]
+            latest = max(waited, key=lambda j: _done(playable[j][1]), default=None)
             if latest is None:
                 due = t0 + int((entry["t_ns"] - t0_rec) / self.speed)
             else:
-                due = ended_ns[latest[1]] + int((entry["t_ns"] - latest[0]) / self.speed)
+                _wait_for(finished, playable[latest])
+                due = ended_ns[playable[latest][0]] + int((entry["t_ns"] - _done(playable[latest][1])) / self.speed)
             wait = due - time.perf_counter_ns()
             if wait > 0:
                 time.sleep(wait / 1e9)  # the recorded gap: this exchange began this long after what it waited for
-            last_of_thread[entry.get("thread")] = (index, entry)
+            last_of_thread[thread_id] = position
             thread = threading.Thread(target=self._one, args=(index, entry, finished[index], ended_ns, t0, t0_rec),
                                       daemon=True, name=f"replay-{entry.get('name') or entry['type']}")
             thread.start()

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import collections
 import re
-import time
 
 from lumion_hil.instruments.emulators.world import WorldError
 
@@ -57,9 +56,7 @@ class DiconEmulator:
         self.wavelength = 1550
 
     def _settle(self) -> None:
-        remaining = self.world.switch_busy_until_ns() - self.world.now_ns()
-        if remaining > 0:
-            time.sleep(remaining / 1e9)  # busy while the mirror moves
+        self.world.wait_settled()  # busy while the mirror moves
 
     def power_on(self) -> None:
         """Power came back: the error queue is empty; unless the state was saved (``WEN 1``)

@@ -31,7 +31,6 @@ Assumed where the reference is silent, and said so:
 from __future__ import annotations
 
 import random
-import time
 
 from typing import Any
 
@@ -143,11 +142,8 @@ class PolatisEmulator(ScpiDevice):
 
     def _opc(self, args: str) -> str:
         # Answer only once every pending beam has settled: the completion signal a driver waits on.
-        while True:
-            remaining_ns = self.world.switch_busy_until_ns() - self.world.now_ns()
-            if remaining_ns <= 0:
-                return "1"
-            time.sleep(min(remaining_ns / 1e9, 0.05))
+        self.world.wait_settled()
+        return "1"
 
     def _add(self, args: str) -> None:
         self._world(self.world.connect, self._pairs(args))

@@ -209,7 +209,7 @@ class World:
         """Block until every beam commanded so far has settled (the switch's own busy-until
         instant, ground truth); returns that instant."""
         while (remaining := self.switch_busy_until_ns() - self.now_ns()) > 0:
-            time.sleep(remaining / 1e9)
+            time.sleep(min(remaining / 1e9, 0.05))  # looked at again: a command may queue more beams
         return self.switch_busy_until_ns()
 
     def connect(self, pairs: Iterable[tuple[int, int]], t_ns: int | None = None) -> int:
