@@ -210,6 +210,37 @@ def test_job_progress_from_output_and_stop(tmp_path):
     assert json.loads(log[0])["step"] == 1
 
 
+def test_an_earlier_jobs_last_output_is_not_the_next_jobs(tmp_path):
+    """A stopped job's output can still be in its pipe (here a child outside its process group
+    holds it open and writes a step) when the next job starts: that step and that end belong to
+    the earlier job. Seen on the namespaced bench under load: a restarted job read as exited at
+    once, with no output ("it exited: "), or as having stepped before it had."""
+    jobs = JobControl(str(tmp_path))
+    marker = tmp_path / "late-step-written"
+    late = "import sys,time; time.sleep(0.3); print('step 9', flush=True); open(sys.argv[1], 'w').close()"
+    script = ("import subprocess,sys,time\n"
+              f"subprocess.Popen([sys.executable, '-c', {late!r}, {str(marker)!r}], start_new_session=True)\n"
+              "print('step 1', flush=True)\n"
+              "time.sleep(60)\n")
+    jobs.start([sys.executable, "-c", script], {"rank": 0})
+    assert jobs.wait_step(1, timeout_s=20)["reached"]
+    jobs.stop(timeout_s=5)
+    jobs.start([sys.executable, "-c", "import time; time.sleep(60)"], {"rank": 0})
+    try:
+        deadline = time.monotonic() + 20
+        # until the earlier job's reader has read its pipe to the end (the child's step, then EOF)
+        while len([t for t in threading.enumerate() if t.name == "job-output"]) > 1 or not marker.exists():
+            assert time.monotonic() < deadline, "the earlier job's pipe never closed"
+            time.sleep(0.01)
+        status = jobs.status()
+        assert status["running"] and status["exit_ns"] is None, status
+        assert status["progress"] == {} and status["last_lines"] == [], status
+        assert jobs.wait_step(1, timeout_s=0.05)["timed_out"]
+        assert "step 9" in (tmp_path / "rank0.log").read_text()  # kept in the log, where it was written
+    finally:
+        jobs.stop(timeout_s=5)
+
+
 def test_job_restart_on_a_new_rank_map(session):
     ranks = ["host0", "host1", "host2"]
     session.start_job(ranks)

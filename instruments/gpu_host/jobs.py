@@ -103,6 +103,8 @@ class JobControl:
                 progress = _parse_progress(line)
                 event = _parse_event(line)
                 with self._changed:
+                    if proc is not self._proc:  # an earlier job's last words, read after the next one started
+                        continue
                     self._tail = (self._tail + [line])[-20:]
                     if progress is not None:
                         own = progress.pop("t_monotonic_ns", None)
@@ -114,8 +116,9 @@ class JobControl:
                     self._changed.notify_all()
         proc.wait()
         with self._changed:
-            self._exit_ns = self.clock_ns()
-            self._changed.notify_all()
+            if proc is self._proc:  # (an earlier job's end is not the running one's)
+                self._exit_ns = self.clock_ns()
+                self._changed.notify_all()
 
     def stop(self, timeout_s: float = 10.0) -> dict:
         proc = self._proc
