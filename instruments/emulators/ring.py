@@ -56,7 +56,8 @@ import numpy as np
 CHUNK_BYTES = 256 << 10  # one pipelined piece of a step (NCCL's socket transport: 512 KiB slots)
 RCVLOWAT_BYTES = CHUNK_BYTES  # a receiver wakes up once per chunk (SO_RCVLOWAT), not per segment
 CONNECT_TIMEOUT_S = 2.0  # one connect attempt through one interface pair (no circuit: ARP fails first)
-RETRY_S = 0.2  # between rounds of attempts while a peer or the store is not reachable yet
+RETRY_S = 0.2  # the longest wait between rounds of attempts while a peer or the store is not reachable yet
+FIRST_RETRY_S = 0.01  # the first such wait; each next one twice as long, up to RETRY_S
 STORE_CALL_S = 5.0  # a store request's own bound, beyond the time it may wait for a key
 # The data connections' TCP congestion control, where the kernel has it: on tbf-shaped veths
 # BBR's probing makes one operation's time differ from the next by up to a quarter; cubic keeps
@@ -216,6 +217,7 @@ class _StoreServer(socketserver.ThreadingTCPServer):
 def _serve_store(address: tuple[str, int], job: str, deadline: float) -> _StoreServer:
     """Rank 0's store, listening at ``address`` (any local address when that one is not this
     host's), tried again while the port is still held (an earlier job's rank 0 on its way out)."""
+    waits = _retry_waits()
     while True:
         try:
             try:
@@ -230,10 +232,19 @@ def _serve_store(address: tuple[str, int], job: str, deadline: float) -> _StoreS
                 raise InitTimeout(f"torch.distributed.DistNetworkError: The server socket has failed to listen on any "
                                   f"local network address. port: {address[1]}, useIpv6: 0, code: -{exc.errno}, "
                                   f"name: {name}, message: {exc.strerror}") from None
-            time.sleep(RETRY_S)
+            time.sleep(next(waits))
             continue
         threading.Thread(target=server.serve_forever, daemon=True, name="store").start()
         return server
+
+
+def _retry_waits():
+    """The waits between rounds of connection attempts: short at first (ranks start together, and
+    rank 0's store listens a few ms after the others first try), then doubling up to RETRY_S."""
+    wait = FIRST_RETRY_S
+    while True:
+        yield wait
+        wait = min(RETRY_S, 2 * wait)
 
 
 class _StoreClient:
@@ -241,6 +252,7 @@ class _StoreClient:
 
     def __init__(self, address: tuple[str, int], job: str, nranks: int, deadline: float, timeout_s: float):
         refused = None
+        waits = _retry_waits()
         while True:
             left = deadline - time.monotonic()
             try:
@@ -265,7 +277,7 @@ class _StoreClient:
                                       f"{address[0]}:{address[1]} refused this rank: {refused}, not {job!r})")
                 raise InitTimeout(f"torch.distributed.DistNetworkError: The client socket has timed out after "
                                   f"{timeout_s:.3g}s while trying to connect to ({address[0]}, {address[1]}).")
-            time.sleep(RETRY_S)
+            time.sleep(next(waits))
 
     def call(self, op: str, wait_s: float = 0.0, **params) -> dict:
         self.sock.settimeout(wait_s + STORE_CALL_S)
@@ -509,6 +521,7 @@ class Communicator:
         address) pair tried at once, the first to connect kept; rounds again until the timeout."""
         targets = [(ifname, address, (peer_address, port)) for ifname, address in interfaces
                    for _, peer_address, port in self.peers[peer]["addresses"]]
+        waits = _retry_waits()
         while True:
             tried = []
             sock, ifname, remote = self._race(targets, deadline, tried)
@@ -535,7 +548,7 @@ class Communicator:
                 raise NetworkError(f"{self._prefix()} NCCL WARN NET/Socket : Connect to rank {peer} "
                                    f"({self.ranks[peer]}) failed: no interface reaches it within "
                                    f"{self.timeout_s:.3g} s (tried {'; '.join(tried)})")
-            time.sleep(RETRY_S)
+            time.sleep(next(waits))
 
     @staticmethod
     def _race(targets, deadline: float, tried: list[str]):
