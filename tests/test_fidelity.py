@@ -65,10 +65,16 @@ def _mystery(text: str) -> str:
     return text
 
 
+# The suites whose figures a twin must reproduce (_figures: switching, light, carrier, recovery);
+# the failure sequences, training throughput and collective bandwidth add none (and 60% of a
+# run's time).
+PHYSICS_SUITES = "not failure_sequences and not training_throughput and not collective_bandwidth"
+
+
 def _run(bench: Path, results: Path, *extra: str) -> Path:
-    """A full suite run (one exploration seed: the same stories on the lab and on its twin)."""
+    """A run of the suites whose figures are compared."""
     done = _cli("run", "--bench", str(bench), "--time-scale", str(SCALE), "--results", str(results), "--no-report",
-                "-q", "--explore-seed", "1", *extra)
+                "-q", "-k", PHYSICS_SUITES, *extra)
     assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-2000:]
     return next((results / "records").glob("run-*.jsonl"))
 
@@ -90,7 +96,7 @@ def _figures(record: Path) -> dict[tuple, list[float]]:
 
 @pytest.mark.alone  # timing judged against a recording
 def test_the_mystery_lab_is_named_by_fidelity_and_matched_by_its_twin(tmp_path):
-    """A lab whose physics calibrate is not told: recorded through a full suite run; fidelity of
+    """A lab whose physics calibrate is not told: recorded through a suite run; fidelity of
     the default bench against it names exactly what differs; calibrate fits a twin whose suite
     figures match the lab's (5% timings, 0.3 dB powers) and whose fidelity passes.
 
