@@ -60,12 +60,12 @@ class Profile:
 
 
 PROFILES = {
-    "ci": "hundreds of sequences at the bench's time scale: every night's CI run",
+    "ci": "hundreds of sequences at the bench's time scale, in 2 shards (-n 2: both cores): every night's CI run",
     "nightly": "thousands, in 8 shards to spread over pytest-xdist workers (-n auto)",
     "bench": "a few at the bench's own speed (real time on a real bench): the default",
 }
 # sequences, most steps in one, shards
-_SIZES = {"ci": (200, 8, 1), "nightly": (4000, 12, 8), "bench": (5, 4, 1)}
+_SIZES = {"ci": (200, 8, 2), "nightly": (4000, 12, 8), "bench": (5, 4, 1)}
 
 
 def shards(name: str | None) -> int:

@@ -39,8 +39,10 @@ BROKEN_CONTROLLERS = [
 
 @pytest.mark.parametrize("defect,promise", BROKEN_CONTROLLERS, ids=[d for d, _ in BROKEN_CONTROLLERS])
 def test_a_broken_controller_is_caught_and_shrunk_to_a_short_story(tmp_path, defect, promise):
+    # the first of the ci profile's two shards: 120 sequences from seed 11
     status, output, stories = explore(tmp_path, BENCHES / "exploration.yaml", "--explore", "ci",
-                                      "--explore-sequences", "120", "--explore-seed", "11", "--defect", defect)
+                                      "--explore-sequences", "240", "--explore-seed", "11", "--explore-shard", "1/2",
+                                      "--defect", defect)
     assert status == 1, output[-3000:]
     assert len(stories) == 1, output[-3000:]
     story = Story.load(stories[0])
@@ -50,9 +52,10 @@ def test_a_broken_controller_is_caught_and_shrunk_to_a_short_story(tmp_path, def
 
 
 def test_the_reference_controller_keeps_every_promise_on_a_short_exploration(tmp_path):
-    # (CI's own run explores the ci profile's 200 on this bench: here, a few, to stand alone)
+    # (CI's own run explores the ci profile's 200 on this bench: here, a few, to stand alone; the
+    # first of its two shards, 12 sequences from seed 5, judged on the paths they reach)
     status, output, stories = explore(tmp_path, BENCHES / "exploration.yaml", "--explore", "ci",
-                                      "--explore-sequences", "12", "--explore-seed", "5")
+                                      "--explore-sequences", "24", "--explore-seed", "5", "--explore-shard", "1/2")
     assert status == 0 and not stories, output[-3000:]
 
 

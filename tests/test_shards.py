@@ -44,8 +44,11 @@ def test_parts_take_every_shard_once():
     assert sorted(i for part in parts for i in part) == list(range(8))
     assert parts[0] == [0, 3, 6]
     assert shards_of_part("nightly", None) == list(range(8))
+    assert [shards_of_part("ci", f"{k}/2") for k in (1, 2)] == [[0], [1]]
+    with pytest.raises(ValueError, match="has 2 shard"):
+        shards_of_part("ci", "1/3")
     with pytest.raises(ValueError, match="has 1 shard"):
-        shards_of_part("ci", "1/2")
+        shards_of_part("bench", "1/2")
     for bad in ("0/4", "5/4", "x/4", "3"):
         with pytest.raises(ValueError):
             shards_of_part("nightly", bad)
