@@ -3,7 +3,8 @@ steps per sequence and recoveries per minute, as the suite itself measures them 
 ``sequences_explored``, ``sequence_length_mean`` and ``sequences_per_minute`` in the run record).
 
 Each profile runs through `lumion-hil run` with fewer sequences than it would explore in full:
-ci (one process, the bench's time scale 0.02), nightly (its 8 shards over pytest-xdist workers),
+ci (its two shards one after the other in one process, at the bench's time scale 0.02; CI runs
+them on two workers), nightly (its 8 shards over pytest-xdist workers),
 bench (real time: a few sequences, as on a lab's bench)."""
 
 from __future__ import annotations
