@@ -66,9 +66,9 @@ def _mystery(text: str) -> str:
 
 
 # The suites whose figures a twin must reproduce (_figures: switching, light, carrier, recovery);
-# the failure sequences, training throughput and collective bandwidth add none (and 60% of a
-# run's time).
-PHYSICS_SUITES = "not failure_sequences and not training_throughput and not collective_bandwidth"
+# the failure sequences, training throughput, collective bandwidth and the migration baseline add
+# none of their own (and over 60% of a run's time).
+PHYSICS_SUITES = "not failure_sequences and not training_throughput and not collective_bandwidth and not migration"
 
 
 def _run(bench: Path, results: Path, *extra: str) -> Path:
