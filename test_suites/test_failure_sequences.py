@@ -5,9 +5,10 @@ A story that breaks one is shrunk to the shortest that still does, written as a 
 (attached to the report, kept under RESULTS/stories) and replayable on any bench that has its
 parts: ``lumion-hil replay STORY --bench FILE``.
 
-Profiles (``lumion-hil run --explore PROFILE``): ``ci``, hundreds of sequences; ``nightly``,
-thousands, in shards that pytest-xdist spreads over workers (``-n auto``), each worker with its
-own emulated bench; ``bench``, a few at real time. Each shard's seed, the profile and the number
+Profiles (``lumion-hil run --explore PROFILE``): ``ci``, hundreds of sequences in two shards;
+``nightly``, thousands in eight; pytest-xdist spreads a profile's shards over workers (``-n 2``,
+``-n auto``), each worker with its own emulated bench, and the paths the stories took are judged
+over all of them; ``bench``, a few at real time. Each shard's seed, the profile and the number
 of sequences explored are measured and recorded. ``--explore-shard K/N`` (with one
 ``--explore-seed`` for all parts) runs a part of the shards, so that a CI matrix spreads a profile
 over machines; ``lumion-hil report`` adds the parts up."""
