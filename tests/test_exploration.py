@@ -5,6 +5,7 @@ subprocess, as `lumion-hil run` does."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -57,6 +58,23 @@ def test_the_reference_controller_keeps_every_promise_on_a_short_exploration(tmp
     status, output, stories = explore(tmp_path, BENCHES / "exploration.yaml", "--explore", "ci",
                                       "--explore-sequences", "24", "--explore-seed", "5", "--explore-shard", "1/2")
     assert status == 0 and not stories, output[-3000:]
+
+
+def test_the_paths_of_a_profiles_shards_are_judged_once_on_their_sum(tmp_path):
+    # the ci profile's two shards, a few sequences each: each records the paths its stories took,
+    # the one that ends last judges the two together
+    explore(tmp_path, BENCHES / "exploration.yaml", "--explore", "ci", "--explore-sequences", "8",
+            "--explore-seed", "5")
+    lines = [json.loads(line) for line in (tmp_path / "results" / "records" / "run.jsonl").read_text().splitlines()]
+    per_shard = {m["attrs"]["shard"]: m["attrs"]["reached"] for m in lines if m.get("name") == "paths_reached"}
+    judged = [m for m in lines if m.get("name") == "paths_not_reached"]
+    assert sorted(per_shard) == [0, 1] and len(judged) == 1, lines
+    total: dict[str, int] = {}
+    for reached in per_shard.values():
+        for path, count in reached.items():
+            total[path] = total.get(path, 0) + count
+    assert judged[0]["attrs"]["reached"] == total and judged[0]["attrs"]["shards"] == [0, 1]
+    assert judged[0]["value"] == len(judged[0]["attrs"]["missed"]) and judged[0]["high"] == 0
 
 
 def test_a_story_saved_on_the_default_bench_replays_on_the_serial_bench(tmp_path):
