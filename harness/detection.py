@@ -86,6 +86,10 @@ class Watchers:
                     self._report(Detection(DetectionKind.AGENT_LOST, host, self.timeline.clock(),
                                            detail={"error": str(exc)}), stop)
                 return
+            except Exception:
+                if stop.is_set():  # stopped while a reading was under way (the session closing): no news
+                    return
+                raise
 
     def _report(self, detection: Detection, stop: threading.Event) -> None:
         if stop.is_set() or stop is not self._stop:
