@@ -135,7 +135,7 @@ def test_failure_sequences(shard, session, bench_file, exploration, measure, rec
     stories: set[tuple[str, ...]] = set()  # distinct stories told to the end (not shrink replays)
     # the story told last, and the first that broke a promise (kept: a story that breaks only
     # sometimes, under load say, is lost to Hypothesis's shrinking when told again it holds)
-    told: dict = {"steps": [], "broke": None, "shrinking": False, "first": None}
+    told: dict = {"steps": [], "broke": None, "shrinking": False, "first": None, "promise": False}
 
     @settings(max_examples=examples, deadline=None, derandomize=False, print_blob=False,
               database=DirectoryBasedExampleDatabase(str(profile.database(bench_file))),
