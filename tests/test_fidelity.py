@@ -16,6 +16,7 @@ from conftest import BENCHES, ROOT
 
 LUMION = [sys.executable, "-m", "lumion_hil"]
 SCALE = 0.2
+WALL_NOISE_S = 0.001
 
 
 def _cli(*args, timeout=600) -> subprocess.CompletedProcess:
@@ -98,7 +99,8 @@ def _figures(record: Path) -> dict[tuple, list[float]]:
 def test_the_mystery_lab_is_named_by_fidelity_and_matched_by_its_twin(tmp_path):
     """A lab whose physics calibrate is not told: recorded through a suite run; fidelity of
     the default bench against it names exactly what differs; calibrate fits a twin whose suite
-    figures match the lab's (5% timings, 0.3 dB powers) and whose fidelity passes.
+    figures match the lab's (timings to 5% or 1 ms of wall time, paired; powers to 0.3 dB) and
+    whose fidelity passes.
 
     The twin and the lab draw their switching times from one seed (the bench file's
     emulator.seed; each making of a port pair its own draw: common random numbers), so that the
@@ -130,8 +132,15 @@ def test_the_mystery_lab_is_named_by_fidelity_and_matched_by_its_twin(tmp_path):
     off = []
     for key, values in lab_figures.items():
         a, b = statistics.median(values), statistics.median(twin_figures[key])
-        if key[1] == "s" and abs(b - a) > 0.05 * abs(a):
-            off.append(f"{key}: lab {a:.4f} s, twin {b:.4f} s")
+        if key[1] == "s":
+            # Paired: the i-th figure of each run is the same test's same draw (common random
+            # numbers), so a sample that the machine's load delayed in one run moves one difference,
+            # not the comparison. The floor is a loaded machine's timer noise at this scale: 1 ms
+            # of wall time, 5 ms of bench time (the mystery lab's switch is 23 ms slower).
+            gap = statistics.median(y - x for x, y in zip(values, twin_figures[key]))
+            if len(values) != len(twin_figures[key]) or abs(gap) > max(0.05 * abs(a), WALL_NOISE_S):
+                off.append(f"{key}: lab {a:.4f} s, twin {b:.4f} s, paired median difference {gap * 1e3:+.2f} ms "
+                           f"over {len(values)}/{len(twin_figures[key])} figures")
         if key[1] in ("dBm", "dB") and abs(b - a) > 0.3:
             off.append(f"{key}: lab {a:.2f}, twin {b:.2f}")
     assert not off, "\n".join(off)
