@@ -348,10 +348,11 @@ class Explorer:
 
     def usable_spares(self) -> list[str]:
         """Hosts that could take a rank now: outside the job, a spare (or a repaired former rank),
-        nothing broken, not behind a protected port."""
+        nothing broken or faded, not behind a protected port."""
         out = []
         for host in self.bench.topology.hosts:
-            if host.name in self.ranks or self.model.broken(host.name) or host.name in self.model.suspects:
+            if host.name in self.ranks or self.model.broken(host.name) or host.name in self.model.suspects \
+                    or any(h == host.name for h, _ in self.model.fading):
                 continue
             if not (any(g.role == "spare" for g in host.gpus) or host.name in self.bench.job.ranks):
                 continue
@@ -519,6 +520,10 @@ class Explorer:
         self._note(fault)
         result = self._recover(lambda: self.injector.inject(fault), step)
         self._judge(result, "degraded" if usable == 0 else "recovered", step)
+        if result.status == "recovered" and step.host in self.ranks:
+            # The controller replaced the other end and the job runs on this host, fade and all
+            # (the guess stood): no rank to replace any more, but still no spare (model.fading).
+            self.model.faults[step.host].remove(fault)
         return f"faded to -{total:g} dB: {result.status}: {result.reason}"
 
     def light_at_receiver(self, host: str, nic_name: str) -> float | None:
