@@ -145,11 +145,16 @@ class ReferenceController(RecoveryController):
                     if self._links_work(host):  # the guess was wrong: the repair mended the link
                         spares.out_of_service.pop(host, None)
                 spares.recheck.clear()
+                for host, other in sorted(spares.repaired_guesses.items()):
+                    if host in self.ranks and other in self.ranks and not self._links_work(host):
+                        spares.take_out(other, f"its link to {host} stayed down or dim after {host} was repaired")
+                spares.repaired_guesses.clear()
                 bad = [h for h in self.ranks if h in spares.out_of_service or spares.lost(h)]
                 plan = Plan(None, None, list(self.ranks), list(self.ranks), diagnosis="resumed at full size")
                 fallback = self.planner.other_end_instead(self.ranks, bad)
                 if bad:
-                    plan = self.planner.replan(plan, bad, "out of service")
+                    why = "; ".join(spares.out_of_service.get(h, "its GPU is lost") for h in bad)
+                    plan = self.planner.replan(plan, bad, f"out of service: {why}")
                 if fallback is not None:  # taken out on a guess: back in service if the other end is
                     plan.failed_host, plan.fallback = bad[0], fallback
                 result.plan = plan

@@ -36,6 +36,9 @@ class SparePool:
         # link, tried in their place when the job resumes.
         self.guessed: dict[str, str] = {}
         self.recheck: set[str] = set()  # guessed hosts whose other end was repaired: check them
+        # Guessed hosts repaired themselves, with the other end of their link: if their links are
+        # still dark or dim, the guess was wrong and the other end is out of service.
+        self.repaired_guesses: dict[str, str] = {}
         self.passed_over: dict[str, str] = {}  # why each candidate spare was not taken, at the last pick
 
     # -- what a policy reads ---------------------------------------------------------------------
@@ -65,7 +68,8 @@ class SparePool:
 
     def return_to_service(self, host: str) -> None:
         self.out_of_service.pop(host, None)
-        self.guessed.pop(host, None)
+        if host in self.guessed:
+            self.repaired_guesses[host] = self.guessed.pop(host)
         for guess, other in list(self.guessed.items()):
             if other == host:  # the other end of a guess repaired: the guessed host may be healthy
                 del self.guessed[guess]
