@@ -102,7 +102,7 @@ class _Case:
     def wrong(self) -> int:
         """Fill the inputs, run once, and count this rank's elements that are not the exact
         result (worked out on one period of the pattern: quick, so the links barely idle)."""
-        comm, n, r, count, op = self.comm, self.comm.nranks, self.comm.rank, self.count, self.op
+        n, r, count, op = self.comm.nranks, self.comm.rank, self.count, self.op
         self.recv[...] = 0
         self.send[...] = _tiled(_period(r, op), len(self.send), self.dtype)
         self.run()
