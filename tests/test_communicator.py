@@ -87,3 +87,37 @@ def test_emulated_ranks_need_their_peers_and_fail_after_the_nccl_timeout():
         assert not status["running"] and time.monotonic() - killed >= timeout_s * 0.9
         assert any("Watchdog caught collective operation timeout" in line and "waiting for ranks [1]" in line
                    for line in status["last_lines"]), status["last_lines"]
+
+
+def test_emulated_ranks_stall_while_a_link_is_down_and_fail_after_the_nccl_timeout():
+    """A circuit of the ring dark: the ranks stall in their all-reduce, go on if the light comes
+    back within the NCCL timeout, and otherwise fail with the watchdog's line, as the namespaced
+    bench's ring job (and NCCL's) do; they never hang for ever."""
+    import time
+
+    from lumion_hil.harness.config import parse_bench
+    from lumion_hil.harness.session import BenchSession
+    from conftest import BENCHES
+
+    bench = parse_bench((BENCHES / "emulated.yaml").read_text(), "emulated.yaml", time_scale=0.1)
+    timeout_s = bench.job.nccl_timeout_s * 0.1
+    circuit = list(bench.safety.baseline)[0]
+    with BenchSession.open(bench) as session:
+        ranks = list(bench.job.ranks)
+        lead = session.hosts[ranks[0]]
+        session.fresh_job(ranks)
+        assert lead.wait_step(2, 30)["reached"]
+        # an outage shorter than the timeout: the job steps on once the light is back
+        session.switch.disconnect([circuit])
+        step = lead.job_status()["progress"]["step"]
+        time.sleep(timeout_s / 3)  # the outage's length: the stimulus, not a wait for a result
+        session.switch.connect([circuit])
+        assert lead.wait_step(step + 2, timeout_s)["reached"]
+        # one that lasts: every rank fails at the timeout, saying what it waited on
+        session.switch.disconnect([circuit])
+        dark = time.monotonic()
+        status = lead.wait_step(10**9, timeout_s + 10)
+        assert not status["running"] and timeout_s * 0.9 <= time.monotonic() - dark <= timeout_s + 5
+        assert any("Watchdog caught collective operation timeout" in line and "stalled:" in line
+                   for line in status["last_lines"]), status["last_lines"]
+        session.switch.connect([circuit])

@@ -5,7 +5,8 @@ step costs compute plus an all-reduce of the gradients over the fabric NCCL_SOCK
 (the optical circuits lit now, or the electrical rack), with the world's cost model. It prints
 one line per step; the harness times the steps by when the agent sees them, never by numbers
 the job prints about itself. It dies like a CUDA process when its GPU fails, and stalls (as
-NCCL would) while a link is down.
+NCCL would) while a link is down, until the NCCL timeout: then it fails with the watchdog's line,
+as the namespaced bench's ring job does.
 
 Its ranks need each other, as NCCL's do (instruments/emulators/communicator.py): init completes
 only when every rank of the rank map has joined, and every collective (the barrier, each
@@ -57,11 +58,33 @@ class _Peers:
             if state["done"]:
                 return True
             if time.monotonic() >= until or state.get("gone"):
-                ran_ms = (time.monotonic() - started) * 1e3
-                print(f"[Rank {self.rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, "
-                      f"OpType=ALLREDUCE, Timeout(ms)={self.timeout_s * 1e3:.0f}) ran for {ran_ms:.0f} milliseconds "
-                      f"before timing out. (waiting for ranks {state['behind']})", flush=True)
+                _watchdog(self.rank, seq, self.timeout_s, started, f"waiting for ranks {state['behind']}")
                 return False
+
+
+def _watchdog(rank: int, seq: int, timeout_s: float, started: float, why: str) -> None:
+    """What PyTorch's NCCL watchdog prints as it takes the process down."""
+    ran_ms = (time.monotonic() - started) * 1e3
+    print(f"[Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, "
+          f"Timeout(ms)={timeout_s * 1e3:.0f}) ran for {ran_ms:.0f} milliseconds before timing out. ({why})",
+          flush=True)
+
+
+class _Stall:
+    """A collective that cannot move (a link of its fabric down, a peer's GPU lost): NCCL stalls
+    in it, and the watchdog fails the rank once it has waited the timeout."""
+
+    def __init__(self, rank: int, timeout_s: float):
+        self.rank, self.timeout_s, self.since = rank, timeout_s, None
+
+    def expired(self, seq: int, why: str | None) -> bool:
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        if now - self.since < self.timeout_s:
+            return False
+        _watchdog(self.rank, seq, self.timeout_s, self.since, f"stalled: {why or 'no path'}")
+        return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"{host}:{os.getpid()}:{os.getpid()} [0] NCCL INFO comm 0x{id(world):x} rank {args.rank} "
           f"nranks {len(ranks)} cudaDev 0 busId 17000 - Init COMPLETE", flush=True)
+    stall = _Stall(args.rank, timeout_s)
     while True:  # a barrier: the first collective on the new communicator
         barrier = world.call("collective", collective="all_reduce", ranks=ranks, size_bytes=4, socket_ifname=ifname)
         if barrier["time_s"] is not None:
@@ -102,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         if host in barrier.get("failed", []):  # its own GPU: CUDA fails at the first kernel
             print(f"CUDA error: unspecified launch failure (GPU of {host} is lost, XID 79)", flush=True)
             return 1
-        world.call("wait_change", timeout_s=1.0)
+        if stall.expired(0, barrier.get("stalled")):
+            return 1
+        world.call("wait_change", timeout_s=min(1.0, timeout_s))
     if peers is not None and not peers.collective(0):
         return 1
     time.sleep(barrier["time_s"])
@@ -115,9 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         if cost["failed"]:
             print(f"CUDA error: unspecified launch failure (GPU of {host} is lost, XID 79)", flush=True)
             return 1
-        if cost["step_time_s"] is None:
-            world.call("wait_change", timeout_s=1.0)  # a collective waiting on a failed peer or a link
+        if cost["step_time_s"] is None:  # a collective waiting on a failed peer or a link
+            if stall.expired(step + 1, cost.get("stalled")):
+                return 1
+            world.call("wait_change", timeout_s=min(1.0, timeout_s))
             continue
+        stall.since = None
         if peers is not None and not peers.collective(step + 1):  # every rank in this step's all-reduce
             return 1
         time.sleep(cost["step_time_s"])  # the emulated step's compute and communication
