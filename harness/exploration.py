@@ -311,6 +311,9 @@ class _Damage:
     def broken(self, host: str) -> bool:
         return bool(self.faults.get(host))
 
+    def faded(self, host: str) -> bool:
+        return any(h == host for h, _ in self.fading)
+
 
 class Explorer:
     """Carries out steps on an open session and judges the promises after each."""
@@ -351,8 +354,8 @@ class Explorer:
         nothing broken or faded, not behind a protected port."""
         out = []
         for host in self.bench.topology.hosts:
-            if host.name in self.ranks or self.model.broken(host.name) or host.name in self.model.suspects \
-                    or any(h == host.name for h, _ in self.model.fading):
+            if host.name in self.ranks or self.model.broken(host.name) or self.model.faded(host.name) \
+                    or host.name in self.model.suspects:
                 continue
             if not (any(g.role == "spare" for g in host.gpus) or host.name in self.bench.job.ranks):
                 continue
@@ -427,8 +430,7 @@ class Explorer:
             return f"{step.host} is not in the job ({', '.join(self.ranks)})"
         if step.during is not None and (step.during.host not in self.ranks or step.during.host == step.host):
             return f"{step.during.host} is not another host of the job"
-        if step.action == "repair" and not self.model.broken(step.host) \
-                and not any(h == step.host for h, _ in self.model.fading):
+        if step.action == "repair" and not self.model.broken(step.host) and not self.model.faded(step.host):
             return f"nothing on {step.host} is broken"
         if step.during is not None and step.during.kind not in (FaultKind.GPU_FAILURE, FaultKind.PROCESS_KILL):
             return "a second fault during a recovery is a GPU failure or a killed process"

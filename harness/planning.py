@@ -113,7 +113,8 @@ class Planner:
         self.read_circuits()
         ranks, diagnosis, remove, add = list(plan.ranks_after), plan.diagnosis, [], []
         for host in lost:
-            self.spares.out_of_service.setdefault(host, f"lost during a recovery ({why})")  # or its own reason kept
+            if host not in self.spares.out_of_service:  # one taken out already keeps its own reason
+                self.spares.take_out(host, f"lost during a recovery ({why})")
             spare = self.spares.pick(ranks)
             if spare is None:
                 return Plan(host, None, plan.ranks_before, [], diagnosis=f"{diagnosis}; then {host} was lost too "
