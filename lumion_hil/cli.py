@@ -710,8 +710,9 @@ def nccl() -> None:
 def nccl_parse(file) -> None:
     """Parse nccl-tests output (text from any version, with launcher prefixes and log lines, or
     the JSON of -J) and print it as JSON: {"runs": [...]}, one entry per test in the log, each
-    with its sizes, times in microseconds, algbw and busbw in GB/s, wrong counts (or the old
-    error magnitudes), the average. FILE may be - for standard input."""
+    with its sizes, times in microseconds, algbw and busbw in GB/s as printed (from the time
+    only where the log printed 0.00: each figure's bandwidth_from says which), wrong counts (or
+    the old error magnitudes), the average. FILE may be - for standard input."""
     import json
 
     from lumion_hil.instruments.gpu_host.nccl import NcclParseError, parse_runs

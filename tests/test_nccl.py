@@ -146,6 +146,14 @@ def test_cli_prints_json_and_names_broken_files():
     assert len(data["runs"]) == 1
     run = data["runs"][0]
     assert run["rows"][1]["out_of_place"]["algbw_gbps"] == 0.03 and run["avg_busbw_gbps"] == 0.5645
+    assert run["rows"][1]["out_of_place"]["bandwidth_from"] == "printed"  # as printed, and said so
+    tagged = (PUBLISHED / "aws-batch-openmpi-p5-all_reduce.txt").read_text()
+    prefixed = "\n".join(f"(head, rank=0, pid=3808) {line}" for line in tagged.splitlines())
+    piped = subprocess.run([sys.executable, "-m", "lumion_hil", "nccl", "parse", "-"], input=prefixed,
+                           capture_output=True, text=True, timeout=60)
+    assert piped.returncode == 0, piped.stderr
+    assert [r["size_bytes"] for r in json.loads(piped.stdout)["runs"][0]["rows"]] == \
+        [r.size_bytes for r in parse(tagged).rows]
     several = subprocess.run([sys.executable, "-m", "lumion_hil", "nccl", "parse", str(PUBLISHED / "awsome-readme-three-runs.md")],
                              capture_output=True, text=True, timeout=60)
     assert several.returncode == 0 and len(json.loads(several.stdout)["runs"]) == 3
@@ -154,22 +162,39 @@ def test_cli_prints_json_and_names_broken_files():
     assert bad.returncode == 1 and "broken-truncated.txt:3: expected 13 columns" in bad.stderr
 
 
-def test_bandwidths_below_1_gbs_are_taken_from_the_time_column():
-    """Two decimals of GB/s are one significant digit on a shaped fabric (0.02 for both 0.0235
-    and 0.0165 GB/s); the time column keeps the figure, and agrees with what was printed."""
+def test_printed_bandwidths_are_kept_and_only_0_00_is_taken_from_the_time():
+    """nccl-tests computes GB/s from the unrounded time, so what it printed is kept (0.20 stays
+    0.20 where size / printed time gives 0.2050); where it printed 0.00 the bandwidths come from
+    the printed time, and each figure says where it came from."""
     head = ["# nccl-tests version 2.17.6 nccl-headers=22807 nccl-library=0",
             "# Collective test starting: all_reduce_perf", "#", "# Using devices"]
     head += [f"#  Rank {r:2d} Group  0 Pid   3358 on         h{r} device  0 [0x00] socket ring" for r in range(3)]
     head += ["#", "#                                                              out-of-place                       in-place",
              "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
              "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)"]
-    rows = ["     4194304       1048576     float     sum      -1   238133    0.02    0.02       0   254000    0.02    0.02       0",
+    rows = ["     4194304       1048576     float     sum      -1    20460    0.20    0.27       0    20460    0.20    0.27       0",
             "   268435456      67108864     float     sum      -1    11500   23.34   31.12       0    11510   23.32   31.09       0",
-            "     4194304       1048576     float     sum      -1   238133    0.05    0.05       0   238133    0.02    0.02       0"]
+            "        1024           256     float     sum      -1   238133    0.00    0.00       0   254000    0.00    0.00       0"]
     result = parse("\n".join(head + rows + ["# Avg bus bandwidth    : 0.02 ", "#"]))
-    small, large, disagrees = result.rows
-    assert small.out_of_place.busbw_gbps == pytest.approx(4194304 / 238133e-6 / 1e9 * 4 / 3)  # 0.02348...
-    assert small.in_place.busbw_gbps == pytest.approx(4194304 / 254000e-6 / 1e9 * 4 / 3)
-    assert small.out_of_place.busbw_gbps / small.in_place.busbw_gbps == pytest.approx(254000 / 238133)
-    assert large.out_of_place.busbw_gbps == 31.12  # three or more digits printed: as printed
-    assert disagrees.out_of_place.busbw_gbps == 0.05  # a time that does not give what was printed: as printed
+    small, large, stalled = result.rows
+    assert 4194304 / 20460e-6 / 1e9 == pytest.approx(0.2050, abs=1e-4)  # what recomputing would have given
+    assert (small.out_of_place.algbw_gbps, small.out_of_place.busbw_gbps) == (0.20, 0.27)
+    assert small.out_of_place.bandwidth_from == "printed" and large.in_place.busbw_gbps == 31.09
+    assert stalled.out_of_place.bandwidth_from == stalled.in_place.bandwidth_from == "time"
+    assert stalled.out_of_place.algbw_gbps == pytest.approx(1024 / 238133e-6 / 1e9)
+    assert stalled.out_of_place.busbw_gbps == pytest.approx(1024 / 238133e-6 / 1e9 * 4 / 3)
+    assert stalled.in_place.busbw_gbps == pytest.approx(1024 / 254000e-6 / 1e9 * 4 / 3)
+
+
+def test_a_launcher_prefix_before_open_mpi_tags_is_parsed_row_for_row():
+    """SkyPilot (and Ray) write their own prefix before Open MPI's tag output; the table under
+    it is the same table."""
+    tagged = (PUBLISHED / "aws-batch-openmpi-p5-all_reduce.txt").read_text()
+    prefixed = "\n".join(f"({'head' if i % 2 else 'worker1'}, rank={i % 2}, pid={3808 + i % 2}) {line}"
+                         for i, line in enumerate(tagged.splitlines()))
+    plain, skypilot = parse(tagged), parse(prefixed)
+    assert len(skypilot.rows) == len(plain.rows) == 32
+    assert skypilot.rows == plain.rows and skypilot.avg_busbw_gbps == plain.avg_busbw_gbps
+    assert skypilot.launcher == "openmpi"
+    alone = "\n".join(f"(head, rank=0, pid=3808) {line}" for line in (OUT / "new-us-2gpu.txt").read_text().splitlines())
+    assert parse(alone).rows == parse((OUT / "new-us-2gpu.txt").read_text()).rows

@@ -1,11 +1,14 @@
 """nccl-tests output, as labs really have it: the text of every vintage (a root column or none,
 ``#wrong`` counts or an old ``error`` magnitude, us or ms, a trailing ``#iters`` column, empty
 fields), with launcher prefixes (Slurm ``--label``'s ``0: ``, Open MPI ``--tag-output``'s
-``[1,0]<stdout>:``), NCCL INFO/WARN and MPI lines anywhere, inside Markdown or indented, several
+``[1,0]<stdout>:``, with or without a launcher's own prefix before it such as SkyPilot's
+``(head, rank=0, pid=3808)``), NCCL INFO/WARN and MPI lines anywhere, inside Markdown or indented, several
 tests in one log (several runs, never merged); and the JSON that ``-J FILE`` writes. Garbage is
 rejected with the line and the reason.
 
 algbw = bytes / time; busbw = algbw x the collective's factor (:func:`bus_bandwidth_factor`).
+The bandwidths are the log's own (nccl-tests computes them from the unrounded time), except
+where it printed 0.00: there they come from the printed time, and ``Perf.bandwidth_from`` says so.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ class Perf:
     busbw_gbps: float
     wrong: int | None  # elements found wrong (#wrong); None when checking was off (N/A) or not counted
     error: float | None = None  # old versions: the largest error magnitude instead of a count
+    # Where algbw and busbw come from: "printed" (the log's own figures, computed by nccl-tests
+    # from the unrounded time) or "time" (the log printed 0.00: size / the printed time instead).
+    bandwidth_from: str = "printed"
 
 
 @dataclass
@@ -54,7 +60,7 @@ class NcclResult:
     format: str  # "text" or "json"
     devices: list[str] = field(default_factory=list)
     collective: str | None = None  # all_reduce, all_gather, ... where the log says
-    launcher: str | None = None  # "slurm", "openmpi", or None
+    launcher: str | None = None  # "slurm", "openmpi", "worker" (a SkyPilot / Ray prefix alone), or None
     first_line: int | None = None  # where the run's column header is in the log
 
     def to_dict(self) -> dict[str, Any]:
@@ -80,8 +86,11 @@ class NcclResult:
 
 # --- text -------------------------------------------------------------------------------------------
 
-_OPENMPI = re.compile(r"^\s*\[\d+,\d+\]<std(?:out|err)>:")
+# Open MPI's --tag-output, after whatever a launcher above it put first (SkyPilot and Ray write
+# "(head, rank=0, pid=3808) " before it): everything up to the tag is the launchers'.
+_OPENMPI = re.compile(r"^.*?\[\d+,\d+\]<std(?:out|err)>:")
 _SLURM = re.compile(r"^\s*\d+:\s")
+_WORKER = re.compile(r"^\s*\([^()]*\bpid=\d+[^()]*\)\s")  # a SkyPilot / Ray worker's prefix alone
 _STARTING = re.compile(r"#\s*Collective test starting:\s*(\S+)")
 _COMMAND = re.compile(r"\b(" + "|".join(COLLECTIVES) + r")_perf\b")
 _TIME_COLUMNS = ("time", "cputime")
@@ -95,6 +104,9 @@ def _strip_launcher(line: str) -> tuple[str, str | None]:
     m = _SLURM.match(line)
     if m:
         return line[m.end():], "slurm"
+    m = _WORKER.match(line)
+    if m:
+        return _strip_launcher(line[m.end():])[0], "worker"
     return line, None
 
 
@@ -300,17 +312,15 @@ def _json_perf(p: dict | None) -> Perf | None:
 
 
 def _refine(rows: list[Row], factor: float) -> None:
-    """nccl-tests prints GB/s with two decimals: below 1 GB/s (a slow or shaped fabric) that is
-    one or two significant digits, while the time column, from which it computed them, keeps
-    more. There the bandwidths are taken from the time, where they agree with what was printed
-    (to its rounding)."""
+    """nccl-tests prints GB/s with two decimals, computed from the unrounded time: that figure is
+    kept wherever it says something. Where it printed 0.00 (below 5 MB/s: a shaped or stalled
+    fabric) the bandwidths are taken from the size and the printed time, and say so."""
     for row in rows:
         for perf in (row.out_of_place, row.in_place):
-            if perf is None or perf.time_us <= 0 or perf.busbw_gbps >= 1.0:
+            if perf is None or perf.time_us <= 0 or perf.algbw_gbps != 0.0 or perf.busbw_gbps != 0.0:
                 continue
             algbw = row.size_bytes / perf.time_us / 1e3
-            if abs(algbw - perf.algbw_gbps) <= 0.0051 and abs(algbw * factor - perf.busbw_gbps) <= 0.0051:
-                perf.algbw_gbps, perf.busbw_gbps = algbw, algbw * factor
+            perf.algbw_gbps, perf.busbw_gbps, perf.bandwidth_from = algbw, algbw * factor, "time"
 
 
 def bus_bandwidth_factor(collective: str, ranks: int) -> float:
