@@ -24,8 +24,8 @@ from lumion_hil.instruments.emulators.world import World
 NO_ERROR = '0,"No error"'
 
 
-def _meter(lit: bool):
-    bench = load_bench(BENCHES / "emulated.yaml", time_scale=0.01)
+def _meter(lit: bool, time_scale: float = 0.01):
+    bench = load_bench(BENCHES / "emulated.yaml", time_scale=time_scale)
     world = World(bench)
     meter = ThorlabsPM100Emulator("pm-usb", bench.instruments["pm-usb"], world, bench)
     if lit:
@@ -85,6 +85,54 @@ def test_current_and_power_ranges_are_one_gain_stage(dark):
     dark.handle_line("CURR:RANG DEF")  # the reference takes MIN and MAX only
     dark.handle_line("CURR:RANG -1")
     assert [e.split(",")[0] for e in errors(dark)] == ["-224", "-222"]
+
+
+@pytest.mark.parametrize("quantity", ["CURR", "POW"])
+def test_range_steps_down_and_up_one_gain_level(dark, quantity):
+    """The PM100D2-series reference (V 1.0.5.58): UP and DOWN switch to the next less or more
+    sensitive gain, where there is one; either ends auto ranging."""
+    dark.handle_line(f"SENS:{quantity}:RANG 1e-4")
+    first = float(ask(dark, f"SENS:{quantity}:RANG?"))
+    dark.handle_line(f"SENS:{quantity}:RANG:AUTO ON")
+    dark.handle_line(f"SENS:{quantity}:RANG DOWN")
+    smaller = float(ask(dark, f"SENS:{quantity}:RANG?"))
+    assert smaller < first and ask(dark, f"SENS:{quantity}:RANG:AUTO?") == "0"
+    assert float(ask(dark, f"SENS:{quantity}:RANG? {smaller * 1.01:.6E}")) == first  # the next one up holds more
+    dark.handle_line(f"SENSE1:{quantity}:DC:RANGE:UPPER UP")
+    assert float(ask(dark, f"SENS:{quantity}:RANG?")) == first
+    dark.handle_line(f"SENS:{quantity}:RANG MIN")
+    dark.handle_line(f"SENS:{quantity}:RANG DOWN")  # no more sensitive gain: stays
+    assert float(ask(dark, f"SENS:{quantity}:RANG?")) == float(ask(dark, f"SENS:{quantity}:RANG? MIN"))
+    dark.handle_line(f"SENS:{quantity}:RANG MAX")
+    dark.handle_line(f"SENS:{quantity}:RANG UP")
+    assert float(ask(dark, f"SENS:{quantity}:RANG?")) == float(ask(dark, f"SENS:{quantity}:RANG? MAX"))
+    assert errors(dark) == []
+    dark.handle_line(f"SENS:{quantity}:RANG? UP")  # the query takes a value, MIN, MAX or AUTO only
+    assert [e.split(",")[0] for e in errors(dark)] == ["-224"]
+
+
+def test_a_range_change_pauses_measuring_while_the_gain_settles():
+    """The reference: changing the range interrupts the measurement for up to 10 ms while the
+    analogue stage settles, and bit 2 of the Operation condition register says ranging. At
+    full time scale, so that the 10 ms are longer than the commands around them."""
+    meter, world = _meter(lit=False, time_scale=1.0)
+    assert int(ask(meter, "STAT:OPER:COND?")) & 4 == 0
+    changed = world.now_ns()
+    meter.handle_line("SENS:POW:RANG MAX")
+    assert int(ask(meter, "STAT:OPER:COND?")) & 4
+    ask(meter, "MEAS:POW?")
+    assert world.now_ns() - changed >= 10_000_000 + 1_000_000  # the settling, then one 1 ms sample
+    assert int(ask(meter, "STAT:OPER:COND?")) & 4 == 0
+    assert int(ask(meter, "STAT:OPER?")) & 4  # the event register kept that it ranged
+    assert int(ask(meter, "STAT:OPER?")) == 0  # and reading it cleared it
+
+
+def test_the_vendor_example_turns_auto_ranging_on_without_a_quantity(dark):
+    """Thorlabs' own pyvisa example writes SENS:RANGE:AUTO ON, which its reference does not
+    list (it writes SENS:POW:RANG:AUTO): the emulator follows the example (one gain stage)."""
+    dark.handle_line("SENS:POW:RANG 1e-3")
+    dark.handle_line("SENS:RANGE:AUTO ON")
+    assert ask(dark, "SENS:POW:RANG:AUTO?") == "1" and errors(dark) == []
 
 
 def test_a_driver_stepping_ranges_down_reaches_the_bottom(dark):

@@ -351,8 +351,7 @@ class ScpiDevice:
     def status_registers(self, *names: str) -> None:
         """SCPI-99's status reporting structures (chapter 9), each with its condition, event,
         enable and transition registers: ``status_registers("OPERation", "QUEStionable")``.
-        Nothing in the emulators raises their bits yet: they read 0 until a model sets
-        ``self.status[name]["CONDition"]``."""
+        They read 0 until a model raises a condition with :meth:`set_condition`."""
         def preset() -> None:
             self.status = {name: {"CONDition": 0, "EVENt": 0, "ENABle": 0, "PTRansition": 32767, "NTRansition": 0}
                            for name in names}
@@ -375,6 +374,17 @@ class ScpiDevice:
                              lambda a, n=name, r=register: self.status[n].__setitem__(r, int(integer.parse(a))))
                 self.command(f":STATus:{name}:{register}?", lambda a, n=name, r=register: str(self.status[n][r]))
         self.command(":STATus:PRESet", lambda a: no_args(a) or preset())
+
+    def set_condition(self, name: str, bit: int, on: bool) -> None:
+        """Raise or clear ``bit`` of a status structure's condition register; a change the
+        transition filters pass (PTRansition for 0 to 1, NTRansition for 1 to 0) latches the
+        bit in the event register (SCPI-99 9.2)."""
+        register = self.status[name]
+        before = register["CONDition"]
+        after = before | bit if on else before & ~bit
+        rising, falling = after & ~before, before & ~after
+        register["EVENt"] |= (rising & register["PTRansition"]) | (falling & register["NTRansition"])
+        register["CONDition"] = after
 
     def refuse(self, pattern: str, error: tuple[int, str]) -> None:
         """A command of the vendor's reference that this emulator answers with ``error`` (what

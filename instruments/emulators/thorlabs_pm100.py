@@ -81,6 +81,8 @@ ZERO_A = Number(-1e-6, 1e-6, 0.0, "A")
 BEAM_MM = Number(0.01, 50.0, 9.5, "M", units={"MM": 1.0})
 BRIGHTNESS = Number(0.0, 1.0, 1.0)
 CONTRAST = Number(0.0, 1.0, 0.5)
+RANGE_SETTLE_S = 0.010  # the reference: a range change interrupts measuring for up to 10 ms
+RANGING = 4  # STATus:OPERation:CONDition bit 2: ranging ongoing (the reference)
 THRESHOLD_PCT = Number(1, 99, 50)  # peak detector / frequency threshold, % of the range in use
 FREQUENCY_GATE_S = 0.5
 FREQUENCY_SAMPLES = 500
@@ -167,6 +169,7 @@ class ThorlabsPM100Emulator(ScpiDevice):
         s(":POWer[:DC]:RANGe:AUTO?", lambda a: no_args(a) or ("1" if self.auto_range else "0"))
         s(":POWer[:DC]:RANGe[:UPPer]", lambda a: self._set_range(a, POWER_RANGES_W, "W"))
         s(":POWer[:DC]:RANGe[:UPPer]?", lambda a: self._range_query(a, POWER_RANGES_W, "W"))
+        s(":RANGe:AUTO", lambda a: self._set("auto_range", boolean(a)))  # Thorlabs' pyvisa example; not in the reference
         s(":CURRent[:DC]:RANGe:AUTO", lambda a: self._set("auto_range", boolean(a)))
         s(":CURRent[:DC]:RANGe:AUTO?", lambda a: no_args(a) or ("1" if self.auto_range else "0"))
         s(":CURRent[:DC]:RANGe[:UPPer]", lambda a: self._set_range(a, CURRENT_RANGES_A, "A"))
@@ -264,6 +267,7 @@ class ThorlabsPM100Emulator(ScpiDevice):
         self.configured = "POW"
         self.continuous = False
         self.last: tuple[str, float] | None = None  # (configuration, raw value) of the last INITiate
+        self.settled_at_ns = 0  # the gain stage settles after a range change (world time)
         self.head.wavelength_nm = self.wavelength_nm
 
     def _set(self, attribute: str, value) -> None:
@@ -346,6 +350,11 @@ class ThorlabsPM100Emulator(ScpiDevice):
             return len(table) - 1
         if word == "DEF":
             raise ScpiError(*ILLEGAL_PARAMETER)  # the reference lists MIN and MAX only
+        step = text.upper()
+        if step in ("UP", "DOWN"):  # the next less or more sensitive gain, where there is one (PM100D2 reference)
+            if query:
+                raise ScpiError(*ILLEGAL_PARAMETER)  # the query takes a value, MIN, MAX or AUTO
+            return min(self.gain + 1, len(table) - 1) if step == "UP" else max(self.gain - 1, 0)
         value = parse_number(text, unit)
         if value < 0:
             raise ScpiError(*DATA_OUT_OF_RANGE)
@@ -354,6 +363,21 @@ class ThorlabsPM100Emulator(ScpiDevice):
     def _set_range(self, args: str, table: tuple[float, ...], unit: str) -> None:
         self.gain = self._range_index(args, table, unit, query=False)
         self.auto_range = False  # choosing a range ends auto ranging, as on the meter
+        self.settled_at_ns = self.world.now_ns() + self.world.scaled_ns(RANGE_SETTLE_S)
+        self.set_condition("OPERation", RANGING, True)
+
+    def _settle(self) -> None:
+        """Measuring waits while the gain stage settles after a range change; then the ranging
+        condition ends."""
+        wait_ns = self.settled_at_ns - self.world.now_ns()
+        if wait_ns > 0:
+            time.sleep(wait_ns / 1e9)
+        self.set_condition("OPERation", RANGING, False)
+
+    def handle_line(self, line: str):
+        if self.status["OPERation"]["CONDition"] & RANGING and self.world.now_ns() >= self.settled_at_ns:
+            self.set_condition("OPERation", RANGING, False)
+        return super().handle_line(line)
 
     def _range_query(self, args: str, table: tuple[float, ...], unit: str) -> str:
         if args.strip().upper() == "AUTO":  # every range, least sensitive first
@@ -397,6 +421,7 @@ class ThorlabsPM100Emulator(ScpiDevice):
     def _take(self) -> float:
         """The sensor's power in dBm, integrated over the averaging window (the user attenuation
         not yet added); with auto ranging the range that holds it becomes the range in use."""
+        self._settle()
         window_ns = self.world.scaled_ns(self.averaging * SAMPLE_S)
         t0 = self.world.now_ns()
         time.sleep(window_ns / 1e9)  # the meter integrates light for this long before it answers
