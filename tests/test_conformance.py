@@ -124,3 +124,105 @@ def test_every_command_the_emulator_declares_is_in_its_manual(model):
         if not any(q == declared.query and _match(items, tokens, []) is not None for items, q in patterns):
             missing.append(declared.pattern)
     assert not missing, f"{model}: declared by the emulator but not implemented in its manual file: {missing}"
+
+
+# --- the reply stream over the wire ----------------------------------------------------------------
+
+class _Wire:
+    """A client's view of an instrument's transport: lines out, replies in (a line, or an IEEE
+    488.2 definite-length block and its line end), as pyvisa and pyserial read them."""
+
+    def __init__(self, resource: str, serial_port: bool, timeout_s: float = 2.0):
+        self.resource, self.serial_port, self.timeout_s = resource, serial_port, timeout_s
+        self.buffer = b""
+        if serial_port:
+            import serial
+            self.port = serial.Serial(resource, timeout=0.05)
+        else:
+            import socket
+            self.port = socket.create_connection(("127.0.0.1", int(resource.split("::")[2])), timeout=timeout_s)
+            self.port.settimeout(0.05)
+        self.eol = b"\r\n" if serial_port else b"\n"
+
+    def send(self, line: str) -> None:
+        data = line.encode("ascii") + self.eol
+        self.port.write(data) if self.serial_port else self.port.sendall(data)
+
+    def _more(self) -> bytes:
+        if self.serial_port:
+            return self.port.read(4096)
+        try:
+            return self.port.recv(65536)
+        except OSError:  # the socket's short timeout: nothing yet
+            return b""
+
+    def reply(self) -> bytes | None:
+        """The next reply, or None when none came within the timeout."""
+        import time as _time
+        deadline = _time.monotonic() + self.timeout_s
+        while True:
+            end = self._reply_end()
+            if end is not None:
+                reply, self.buffer = self.buffer[:end], self.buffer[end:]
+                return reply.rstrip(b"\r\n")
+            if _time.monotonic() > deadline:
+                return None
+            self.buffer += self._more()
+
+    def _reply_end(self) -> int | None:
+        data = self.buffer
+        m = re.match(rb"#([1-9])", data)
+        if m and len(data) >= 2 + int(m.group(1)):
+            length = int(data[2:2 + int(m.group(1))])
+            start = 2 + int(m.group(1))
+            after = start + length
+            nl = data.find(b"\n", after)
+            return None if nl < 0 else nl + 1
+        nl = data.find(b"\n")
+        return None if nl < 0 else nl + 1
+
+    def close(self) -> None:
+        self.port.close()
+
+
+WIRED = {"thorlabs-pm100": ("emulated.yaml", "pm-usb"), "keysight-n77xx": ("emulated.yaml", "pm-lab"),
+         "polatis": ("emulated.yaml", "ocs"), "dicon-matrix": ("emulated-serial.yaml", "ocs")}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_command_then_the_identity_reads_the_identity_back(model):
+    """The class of bug that leaves a client one reply late: a command answered where the
+    reference says it is not (or the reverse). Over the transport the instrument is served on,
+    every command of the table in each spelling, then the identity query: what the table says
+    the command answers is read, and the identity comes back next, every time."""
+    from lumion_hil.instruments.emulators.bench import EmulatedBench
+
+    manual = conformance.load(model)
+    bench_file, name = WIRED[model]
+    with EmulatedBench(load_bench(BENCHES / bench_file, time_scale=0.01)) as bench:
+        serial_port = model == "dicon-matrix"
+        wire = _Wire(bench.resources[name], serial_port)
+        try:
+            wire.send(manual.identity_query)
+            identity = wire.reply()
+            assert identity, f"{model}: no reply to {manual.identity_query}"
+            out_of_step, sent = [], 0
+            for command in manual.commands:
+                for header in conformance.spellings(manual, command):
+                    line = f"{header} {command.send}".strip()
+                    wire.send(line)
+                    sent += 1
+                    if manual.answers(command) and wire.reply() is None:
+                        out_of_step.append(f"{line!r}: its table says it answers; nothing came")
+                        continue
+                    wire.send(manual.identity_query)
+                    back = wire.reply()
+                    if back != identity:
+                        out_of_step.append(f"{line!r} then {manual.identity_query}: read {back!r}")
+                        wire.close()  # a client would reconnect; so does the test, to judge the next one alone
+                        wire = _Wire(bench.resources[name], serial_port)
+        finally:
+            wire.close()
+    assert sent > len(manual.commands) // 2
+    assert not out_of_step, f"{model}: {len(out_of_step)} of {sent} lines leave the replies out of step: " + \
+        "; ".join(out_of_step)

@@ -48,6 +48,8 @@ class Command(_Model):
     send: str = Field("", description="the arguments the test sends with it, if it takes any")
     expect_error: int | None = Field(None, description="the error an implemented command rightly gives with "
                                      "'send' on a fresh emulator (a FETCh? before any INITiate: -230)")
+    answers: bool | None = Field(None, description="whether the instrument replies to it, as its reference says; "
+                                 "unset: a query answers and a command does not (see Manual.answers)")
 
     @model_validator(mode="after")
     def _reason_for_refused(self):
@@ -71,8 +73,24 @@ class Manual(_Model):
                                                "literal: the command is sent as written")
     error_query: str = "SYST:ERR?"
     no_error: str = Field(description="the error query's reply on an empty queue")
+    identity_query: str = Field("*IDN?", description="the query that names the instrument")
     notes: str = ""
     commands: list[Command] = Field(min_length=1)
+
+    def answers(self, command: Command) -> bool:
+        """Whether the instrument sends a reply to ``command`` (sent with its ``send``): what the
+        entry says, else a query answers (a header ending in ``?``; in a literal protocol a
+        ``?`` anywhere in it) and a command does not. A refused command, or one sent where it
+        rightly fails (``expect_error``), answers nothing: its error goes on the queue. A client
+        that reads a reply the instrument does not send, or leaves one unread, reads every reply
+        after it one query late."""
+        if command.answers is not None:
+            return command.answers
+        if command.state == "refused" or command.expect_error is not None:
+            return False
+        if self.syntax == "literal":
+            return "?" in command.command
+        return command.command.rstrip().endswith("?")
 
 
 def load(model: str) -> Manual:
@@ -162,10 +180,10 @@ def table(manual: Manual) -> str:
     ]
     if manual.notes:
         lines += [manual.notes.strip(), ""]
-    lines += ["| command | parameters | unit | range | default | state |", "|---|---|---|---|---|---|"]
+    lines += ["| command | parameters | unit | range | default | answers | state |", "|---|---|---|---|---|---|---|"]
     for c in manual.commands:
         state = "implemented" if c.state == "implemented" else f"refused: {c.reason}"
-        cells = [f"`{c.command}`", c.parameters, c.unit, c.range, c.default, state]
+        cells = [f"`{c.command}`", c.parameters, c.unit, c.range, c.default, "yes" if manual.answers(c) else "no", state]
         lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -183,7 +201,11 @@ def document() -> str:
         "do not edit by hand. Every command of each model's programming reference, and what the "
         "emulator does with it. `tests/test_conformance.py` sends every implemented command in "
         "its long and its short form, checks that every refused one is answered with an error, "
-        "and that every command an emulator declares is in its manual.",
+        "and that every command an emulator declares is in its manual; over the transport the "
+        "instrument is served on, it sends every command followed by the identity query and reads "
+        "the identity back every time (the `answers` column says which commands reply: one "
+        "answered where the table says no, or silent where it says yes, puts a client's every "
+        "later read one reply out of step).",
         "",
     ]
     for model in available():
