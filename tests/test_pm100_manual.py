@@ -267,3 +267,18 @@ def test_clock_and_line_frequency(dark):
     dark.handle_line("SYST:LFR 60")
     assert ask(dark, "SYST:LFR?") == "60"
     assert not math.isnan(float(ask(dark, "FREQ:RANG?")))
+
+
+def test_rst_resets_settings_not_the_status_registers(dark):
+    """The reference: *RST resets SCPI and sensor parameters; to reset the SCPI registers use
+    *CLS (and IEEE 488.2 10.32: *RST leaves the status byte, the enable masks and the error
+    queue). It cleared the error queue and the masks and raised power-on."""
+    assert int(ask(dark, "*ESR?")) & 128  # power on, read once
+    dark.handle_line("*ESE 36;*SRE 32;SENS:POW:UNIT DBM")
+    dark.handle_line("SENS:NOSUCH 1")  # a command error: -113, ESR bit 5
+    dark.handle_line("*RST")
+    assert ask(dark, "SENS:POW:UNIT?") == "W"  # the settings are back at their defaults
+    assert (ask(dark, "*ESE?"), ask(dark, "*SRE?")) == ("36", "32")
+    assert int(ask(dark, "*STB?")) & (4 | 32 | 64) == 4 | 32 | 64  # an error queued, ESB, and MSS through *SRE
+    assert ask(dark, "*ESR?") == "32"  # the command error; no power-on
+    assert [e.split(",")[0] for e in errors(dark)] == ["-113"]

@@ -38,7 +38,8 @@ photodiode attached; a responsivity set is refused likewise (only adapters witho
 EEPROM take one). The PM400-only commands (array mode, external NTC and environment sensor, GPIO,
 LAN, customer calibration) are not in a PM100D's tree: -113 Undefined header.
 
-Power-on state (after ``power_loss`` or ``*RST``): unit W, averaging 1, auto range on, 1550 nm
+Power-on state (after ``power_loss`` or ``*RST``; *RST leaves the status registers and the
+error queue, as the reference and IEEE 488.2 say): unit W, averaging 1, auto range on, 1550 nm
 (assumption: a PM100D comes back at the sensor's default wavelength).
 """
 
@@ -257,6 +258,10 @@ class ThorlabsPM100Emulator(ScpiDevice):
 
     def power_on(self) -> None:
         super().power_on()
+        self._defaults()
+
+    def _defaults(self) -> None:
+        """The settings *RST and power-on restore (not the status registers: *CLS clears those)."""
         self.unit, self.averaging, self.auto_range = "W", 1, True
         self.gain = len(CURRENT_RANGES_A) - 1  # the least sensitive range until a measurement picks one
         self.wavelength_nm, self.input_loss_db, self.beam_mm = WAVELENGTH.default, 0.0, BEAM_MM.default
@@ -277,7 +282,8 @@ class ThorlabsPM100Emulator(ScpiDevice):
 
     def _reset(self, args: str) -> None:
         no_args(args)
-        self.power_on()
+        self._defaults()  # the reference: "To reset the SCPI registers use CLS"
+        self.set_condition("OPERation", RANGING, False)
 
     def _reinit(self) -> None:
         """Sensor unplugged and plugged back: what belongs to the sensor returns to its defaults."""
