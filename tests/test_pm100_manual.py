@@ -247,7 +247,7 @@ def test_the_measurement_system(dark):
 @pytest.mark.parametrize("line,code", [
     ("MEAS:ENER?", -221), ("CONF:ENER", -221), ("SENS:ENER:RANG MAX", -221), ("INP:THER:ACC:TAU 1", -221),
     ("MEAS:VOLT?", -221), ("SENS:VOLT:REF:STAT ON", -221), ("MEAS:POS?", -221), ("SENS:CORR:POW 0.9", -221),
-    ("CONF:ARR 10,100", -113), ("SOUR:DIG:DATA 0", -113), ("SENS:TEMP:DATA?", -113), ("SENS:BOGUS 1", -113),
+    ("CONF:ARR 10,100", -241), ("SOUR:DIG:DATA 0", -241), ("SENS:TEMP:DATA?", -241), ("SENS:BOGUS 1", -113),
     ("SENS2:CORR:WAV 1310", -114),
 ])
 def test_refusals_answer_the_reference_error(dark, line, code):
@@ -282,3 +282,14 @@ def test_rst_resets_settings_not_the_status_registers(dark):
     assert int(ask(dark, "*STB?")) & (4 | 32 | 64) == 4 | 32 | 64  # an error queued, ESB, and MSS through *SRE
     assert ask(dark, "*ESR?") == "32"  # the command error; no power-on
     assert [e.split(",")[0] for e in errors(dark)] == ["-113"]
+
+
+def test_no_documented_command_is_an_undefined_header():
+    """Every header of Thorlabs' reference is known to the emulated meter: implemented, or
+    refused for the hardware or sensor it lacks (tests/test_conformance.py checks that each
+    refusal is answered with the error named here), never -113 Undefined header."""
+    from lumion_hil.instruments.emulators import conformance
+
+    manual = conformance.load("thorlabs-pm100")
+    undefined = [c.command for c in manual.commands if c.state == "refused" and c.refused_with == -113]
+    assert undefined == [] and len(manual.commands) >= 176  # the reference's 176 and the PM100D manual's own

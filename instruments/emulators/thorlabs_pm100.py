@@ -36,7 +36,8 @@ Refused: what needs a thermopile, pyroelectric or four-quadrant sensor (energy, 
 accelerator, beam position) answers -221 Settings conflict, as the console does with a
 photodiode attached; a responsivity set is refused likewise (only adapters without a head
 EEPROM take one). The PM400-only commands (array mode, external NTC and environment sensor, GPIO,
-LAN, customer calibration) are not in a PM100D's tree: -113 Undefined header.
+LAN, customer calibration) answer -241 Hardware missing: the reference documents every header a
+PM100D is sent, so none answers -113 Undefined header.
 
 Power-on state (after ``power_loss`` or ``*RST``; *RST leaves the status registers and the
 error queue, as the reference and IEEE 488.2 say): unit W, averaging 1, auto range on, 1550 nm
@@ -54,6 +55,7 @@ from lumion_hil.instruments.emulators.photodiode import PhotodiodeChannel, taps_
 from lumion_hil.instruments.emulators.scpi import (
     DATA_OUT_OF_RANGE,
     DATA_STALE,
+    HARDWARE_MISSING,
     HEADER_SUFFIX_OUT_OF_RANGE,
     ILLEGAL_PARAMETER,
     MISSING_PARAMETER,
@@ -110,6 +112,32 @@ NOT_THERMOPILE = _conflict("not a thermopile sensor")
 NOT_THERMAL_OR_PYRO = _conflict("not a thermopile or pyroelectric sensor")
 NOT_QUADRANT = _conflict("not a four quadrant thermopile sensor")
 HAS_EEPROM = _conflict("sensor responsivity comes from its EEPROM: set the wavelength")
+
+
+def _missing(what: str) -> tuple[int, str]:
+    return HARDWARE_MISSING[0], f"Hardware missing; {what}"
+
+
+# The PM400's hardware the reference documents and a PM100D has not: its headers are known
+# (never -113), the hardware is missing.
+PM400_ONLY = {
+    _missing("no LAN"): ("SYSTem:COMMunicate:LAN:HOSTname", "SYSTem:COMMunicate:LAN:HOSTname?"),
+    _missing("no external NTC or environment sensor"): (
+        "[:SENSe[n]]:CORRection:COEFficient:BETA", "[:SENSe[n]]:CORRection:COEFficient:BETA?",
+        "[:SENSe[n]]:CORRection:COEFficient:RESistance", "[:SENSe[n]]:CORRection:COEFficient:RESistance?",
+        "[:SENSe[n]]:DIGital:DATA?", "[:SENSe[n]]:HUMidity:DATA?", "[:SENSe[n]]:RESistance:DATA?",
+        "[:SENSe[n]]:TEMPerature:DATA?", "[:SENSe[n]]:VOLTage:DATA?"),
+    _missing("no customer calibration slots"): (
+        "[:SENSe[n]]:CORRection:CSET:POINts", "[:SENSe[n]]:CORRection:CSET:PREamble",
+        "[:SENSe[n]]:CORRection:CSET[m]:DEFine", "[:SENSe[n]]:CORRection:CSET[m]:POINts?",
+        "[:SENSe[n]]:CORRection:CSET[m]:PREamble?", "[:SENSe[n]]:CORRection:CSET[m]:STATe",
+        "[:SENSe[n]]:CORRection:CSET[m]:STATe?"),
+    _missing("no GPIO pins"): ("SOURce:DIGital:DATA", "SOURce:DIGital:DATA?", "SOURce:DIGital:ENABle",
+                               "SOURce:DIGital:ENABle?"),
+    _missing("no array buffer"): ("CONFigure:ARRay[:POWer]", "CONFigure:ARRay:CURRent", "CONFigure:ARRay:PDENsity",
+                                  "FETCh:ARRay?", "MEASure:ARRay[:POWer]?", "MEASure:ARRay:CURRent?",
+                                  "MEASure:ARRay:PDENsity?"),
+}
 
 
 class ThorlabsPM100Emulator(ScpiDevice):
@@ -253,6 +281,9 @@ class ThorlabsPM100Emulator(ScpiDevice):
                         "[:SENSe[n]]:POSition:REFerence:COLLect:ABORt"):
             r(pattern, NOT_QUADRANT)
         r("[:SENSe[n]]:CORRection:POWer[:PDIode][:RESPonse]", HAS_EEPROM)
+        for error, patterns in PM400_ONLY.items():
+            for pattern in patterns:
+                r(pattern, error)
 
     # -- state ---------------------------------------------------------------------------------
 
