@@ -128,7 +128,8 @@ def test_stability_and_minmax_functions(meter):
     assert ask(meter, ":SENS3:FUNC:STAT?") == "LOGGING_STABILITY,COMPLETE"
     assert meter.handle_line(":SENS3:FUNC:RES?").startswith(b"#14")  # one sample: 2 ms / (1 ms + 1 ms)
     meter.handle_line(":SENS4:FUNC:PAR:MINM WIND,10;:SENS4:FUNC:STAT MINM,STAR")
-    assert ask(meter, ":SENS4:FUNC:PAR:MINM?") == "WINDOW,+10"
+    # The 8163/8164/8166 guide (p. 99): the query answers the short forms CONT, WIND, REFR ("WIND,+10")
+    assert ask(meter, ":SENS4:FUNC:PAR:MINM?") == "WIND,+10"
     time.sleep(0.005)
     assert ask(meter, ":SENS4:FUNC:STAT?") == "MINMAX,PROGRESS"
     low, high, current = struct.unpack("<3f", meter.handle_line(":SENS4:FUNC:RES?")[4:])

@@ -48,6 +48,8 @@ class Command(_Model):
     send: str = Field("", description="the arguments the test sends with it, if it takes any")
     expect_error: int | None = Field(None, description="the error an implemented command rightly gives with "
                                      "'send' on a fresh emulator (a FETCh? before any INITiate: -230)")
+    checked: str = Field("", description="a second reference this entry was checked against: where, and what was "
+                         "found (as emulated, or how it differs and which reading the emulator follows)")
     answers: bool | None = Field(None, description="whether the instrument replies to it, as its reference says; "
                                  "unset: a query answers and a command does not (see Manual.answers)")
 
@@ -180,10 +182,13 @@ def table(manual: Manual) -> str:
     ]
     if manual.notes:
         lines += [manual.notes.strip(), ""]
-    lines += ["| command | parameters | unit | range | default | answers | state |", "|---|---|---|---|---|---|---|"]
+    checked = any(c.checked for c in manual.commands)
+    header = ["command", "parameters", "unit", "range", "default", "answers", "state"] + ["checked against"] * checked
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in manual.commands:
         state = "implemented" if c.state == "implemented" else f"refused: {c.reason}"
         cells = [f"`{c.command}`", c.parameters, c.unit, c.range, c.default, "yes" if manual.answers(c) else "no", state]
+        cells += [c.checked] * checked
         lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
     return "\n".join(lines) + "\n"
 

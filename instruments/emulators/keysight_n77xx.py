@@ -71,6 +71,11 @@ def _flag(on: bool) -> str:
     return "+1" if on else "+0"
 
 
+def _short(mnemonic: str) -> str:
+    """A mnemonic's short form, its capitals: WINDow -> WIND."""
+    return "".join(ch for ch in mnemonic if ch.isupper())
+
+
 def keysight_float(value: float) -> str:
     """-20.0 -> '-2.00000000E+001' (three exponent digits, as the instrument prints)."""
     if value == 0:
@@ -309,8 +314,8 @@ class KeysightN77xxEmulator(ScpiDevice):
         c(f":SENSe{head}:FUNCtion:PARameter:STABility?", lambda a, n, m: ",".join(keysight_float(v) for v in (
             self._channel(n, m).stab_total_s, self._channel(n, m).stab_delay_s, self._channel(n, m).stab_atime_s)))
         c(f":SENSe{head}:FUNCtion:PARameter:MINMax", self._setter(self._set_minmax))
-        c(f":SENSe{head}:FUNCtion:PARameter:MINMax?", lambda a, n, m: (
-            f"{self._channel(n, m).minmax_mode.upper()},+{self._channel(n, m).minmax_points}"))
+        c(f":SENSe{head}:FUNCtion:PARameter:MINMax?", lambda a, n, m: (  # short forms: "WIND,+10" (816x guide p. 99)
+            f"{_short(self._channel(n, m).minmax_mode)},+{self._channel(n, m).minmax_points}"))
         c(f":SENSe{head}:FUNCtion:STATe", self._function)
         c(f":SENSe{head}:FUNCtion:STATe?", self._state)
         c(f":SENSe{head}:FUNCtion:RESult?", self._result)
