@@ -196,5 +196,9 @@ def test_a_launcher_prefix_before_open_mpi_tags_is_parsed_row_for_row():
     assert len(skypilot.rows) == len(plain.rows) == 32
     assert skypilot.rows == plain.rows and skypilot.avg_busbw_gbps == plain.avg_busbw_gbps
     assert skypilot.launcher == "openmpi"
+    # No rank list in this log: a 0.00 row takes busbw / algbw from the largest row it printed.
+    small = plain.rows[0].out_of_place
+    assert small.bandwidth_from == "time" and small.algbw_gbps == pytest.approx(plain.rows[0].size_bytes / small.time_us / 1e3)
+    assert small.busbw_gbps / small.algbw_gbps == pytest.approx(1.75, rel=1e-4)  # 2(n-1)/n: the log's 8 ranks, as it prints
     alone = "\n".join(f"(head, rank=0, pid=3808) {line}" for line in (OUT / "new-us-2gpu.txt").read_text().splitlines())
     assert parse(alone).rows == parse((OUT / "new-us-2gpu.txt").read_text()).rows

@@ -151,8 +151,8 @@ class _Run:
     def result(self) -> NcclResult:
         if not self.rows:
             raise NcclParseError(self.source, "no result rows under the column header", self.header_at)
-        if self.collective and self.devices:
-            _refine(self.rows, bus_bandwidth_factor(self.collective, len(self.devices)))
+        known = bus_bandwidth_factor(self.collective, len(self.devices)) if self.collective and self.devices else None
+        _refine(self.rows, known)
         return NcclResult(self.rows, self.avg, self.oob, self.unit or "us", "text", self.devices, self.collective,
                           self.launcher, self.header_at)
 
@@ -311,16 +311,24 @@ def _json_perf(p: dict | None) -> Perf | None:
     return Perf(float(time), float(p["alg_bw"]), float(p["bus_bw"]), None if wrong is None else int(wrong))
 
 
-def _refine(rows: list[Row], factor: float) -> None:
+def _refine(rows: list[Row], factor: float | None) -> None:
     """nccl-tests prints GB/s with two decimals, computed from the unrounded time: that figure is
-    kept wherever it says something. Where it printed 0.00 (below 5 MB/s: a shaped or stalled
-    fabric) the bandwidths are taken from the size and the printed time, and say so."""
+    kept wherever it says something. Where it printed 0.00 (below 5 MB/s: small messages, a
+    shaped or stalled fabric) the bandwidths are taken from the size and the printed time, and
+    say so. busbw / algbw is the collective's factor where the log names the collective and its
+    ranks, else the ratio the log itself printed for its largest row."""
+    if factor is None:
+        printed = [p for r in rows for p in (r.out_of_place, r.in_place) if p and p.algbw_gbps > 0 and p.busbw_gbps > 0]
+        largest = max(printed, key=lambda p: p.algbw_gbps, default=None)
+        factor = largest.busbw_gbps / largest.algbw_gbps if largest else None
     for row in rows:
         for perf in (row.out_of_place, row.in_place):
             if perf is None or perf.time_us <= 0 or perf.algbw_gbps != 0.0 or perf.busbw_gbps != 0.0:
                 continue
             algbw = row.size_bytes / perf.time_us / 1e3
-            perf.algbw_gbps, perf.busbw_gbps, perf.bandwidth_from = algbw, algbw * factor, "time"
+            perf.algbw_gbps, perf.bandwidth_from = algbw, "time"
+            if factor is not None:
+                perf.busbw_gbps = algbw * factor
 
 
 def bus_bandwidth_factor(collective: str, ranks: int) -> float:
