@@ -9,6 +9,8 @@ rejected with the line and the reason.
 algbw = bytes / time; busbw = algbw x the collective's factor (:func:`bus_bandwidth_factor`).
 The bandwidths are the log's own (nccl-tests computes them from the unrounded time), except
 where it printed 0.00: there they come from the printed time, and ``Perf.bandwidth_from`` says so.
+Below 1 GB/s a busbw with more digits, from the time, stands beside the printed one where it
+rounds to it (``Perf.busbw_from_time_gbps``); the harness judges by it (``busbw_best_gbps``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,16 @@ class Perf:
     # Where algbw and busbw come from: "printed" (the log's own figures, computed by nccl-tests
     # from the unrounded time) or "time" (the log printed 0.00: size / the printed time instead).
     bandwidth_from: str = "printed"
+    # Below 1 GB/s the two printed decimals keep one or two digits (a shaped fabric's 0.02),
+    # while the time column keeps more: busbw from the size and the printed time, given only
+    # where it rounds to the printed figure (it never contradicts the log); None elsewhere.
+    busbw_from_time_gbps: float | None = None
+
+    @property
+    def busbw_best_gbps(self) -> float:
+        """The busbw to judge by: the one from the time where the log's rounding would hide its
+        digits, else the log's own."""
+        return self.busbw_from_time_gbps if self.busbw_from_time_gbps is not None else self.busbw_gbps
 
 
 @dataclass
@@ -81,7 +93,7 @@ class NcclResult:
         return None if any(c is None for c in counts) else sum(counts)
 
     def busbw_by_size(self, place: str = "out_of_place") -> dict[int, float]:
-        return {r.size_bytes: getattr(r, place).busbw_gbps for r in self.rows if getattr(r, place) is not None}
+        return {r.size_bytes: getattr(r, place).busbw_best_gbps for r in self.rows if getattr(r, place) is not None}
 
 
 # --- text -------------------------------------------------------------------------------------------
@@ -323,9 +335,13 @@ def _refine(rows: list[Row], factor: float | None) -> None:
         factor = largest.busbw_gbps / largest.algbw_gbps if largest else None
     for row in rows:
         for perf in (row.out_of_place, row.in_place):
-            if perf is None or perf.time_us <= 0 or perf.algbw_gbps != 0.0 or perf.busbw_gbps != 0.0:
+            if perf is None or perf.time_us <= 0:
                 continue
             algbw = row.size_bytes / perf.time_us / 1e3
+            if perf.algbw_gbps != 0.0 or perf.busbw_gbps != 0.0:
+                if factor is not None and 0 < perf.busbw_gbps < 1.0 and abs(algbw * factor - perf.busbw_gbps) < 0.005:
+                    perf.busbw_from_time_gbps = algbw * factor  # more digits, the same figure to its rounding
+                continue
             perf.algbw_gbps, perf.bandwidth_from = algbw, "time"
             if factor is not None:
                 perf.busbw_gbps = algbw * factor
