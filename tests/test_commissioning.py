@@ -290,3 +290,12 @@ def test_a_real_hosts_agent_never_darkens_the_loopback():
 
     with pytest.raises(ValueError, match="loopback"):
         SysfsLinks().set_transmitter("lo", False)
+
+
+def test_the_readme_points_at_a_real_bench_with_the_three_commands_first():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Pointing it at a real bench"):]
+    first_block = section[section.index("```sh"):section.index("```", section.index("```sh") + 5)]
+    commands = [line.split()[1:3] for line in first_block.splitlines() if line.startswith("lumion-hil ")]
+    assert commands == [["bench", "discover"], ["bench", "wiring"], ["bench", "budget"]]
+    assert section.index("```sh") < section.index("1.")  # before anything else the section says
