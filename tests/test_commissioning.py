@@ -88,6 +88,18 @@ def test_two_swapped_fibres_are_named_exactly_and_patched():
     assert len(patched.splitlines()) == len(text.splitlines())
 
 
+def test_on_a_switch_without_monitors_a_meter_through_a_test_circuit_finds_the_swapped_fibres():
+    bench = load_bench(BENCHES / "emulated-serial.yaml", time_scale=0.1, defects=["swapped_fibres=host0.p1,host3.p1"])
+    found, world = _walk(bench)
+    named = {d.text for d in compare(bench, found) if d.path[0] == "topology"}
+    assert named == {"host0.p1 transmits into port 8; the bench file says 2",
+                     "host0.p1 receives from port 24; the bench file says 18",
+                     "host3.p1 transmits into port 2; the bench file says 8",
+                     "host3.p1 receives from port 18; the bench file says 24"}
+    assert all(t.input_dbm is None for t in found.transmitters.values())  # no monitor: not measured
+    assert world.violations == []
+
+
 def test_a_bench_with_protected_ports_never_has_them_commanded():
     """Protected: host3.p0's transmit port and host3.p1's receive port (and the bench's own 16,
     32). Neither is commanded (the world's record of every switch command), the two NICs behind

@@ -2,7 +2,8 @@
 
 Transmitters: each NIC's transmitter is turned off and on again through its host's agent, one
 at a time, while the switch's power monitors watch every ingress port; the one port whose light
-went out is where that NIC's transmit fibre lands. Receivers: with every circuit this bench may
+went out is where that NIC's transmit fibre lands. A switch without monitors is watched through a
+meter instead: each ingress port in turn is connected to the egress port a meter taps. Receivers: with every circuit this bench may
 switch removed, one lit ingress is connected to one candidate egress port at a time, and the NIC
 whose carrier comes up (as its agent sees it) is the one whose receive fibre comes from that
 port. The meters' channels are read at each step too: the one that lights up taps that port.
@@ -54,7 +55,7 @@ class WalkedNic:
 @dataclass(frozen=True)
 class Transmitter:
     port: int  # the ingress port its light arrives on
-    input_dbm: float  # the light there, as the switch's monitor read it before it went out
+    input_dbm: float | None  # the light there, as the switch's monitor read it (None: no monitor)
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,15 @@ class _Walk:
         self.session, self.bench, self.switch = session, session.bench, session.switch
         self.nics, self.log = nics, log
         self.found = FibreMap()
-        if not self.switch.has_power_monitors:
-            raise WalkError(f"{self.switch.name} has no power monitors: the walk watches the switch's ingress ports "
-                            "for a transmitter's light to go out (a meter through a test circuit is not done yet)")
+        self.has_monitors = self.switch.has_power_monitors
+        # Without monitors, a meter watches the ingress under test through a test circuit to the
+        # egress port it taps (the bench file's first meter detector on a port it may switch).
+        self.probe = None if self.has_monitors else next(
+            (d for d in self.bench.detectors if d.instrument in session.meters and self.switch.may_switch(d.port)),
+            None)
+        if not self.has_monitors and self.probe is None:
+            raise WalkError(f"{self.switch.name} has no power monitors, and the bench file names no meter tap on a "
+                            "port this bench may switch: the walk needs one or the other to see a transmitter's light")
         self.ingress = list(self.bench.switch.ingress_ports)
         self.egress = list(self.bench.switch.egress_ports)
 
@@ -133,6 +140,9 @@ class _Walk:
     # -- transmitters -----------------------------------------------------------------------------
 
     def transmitters(self) -> None:
+        if not self.has_monitors:
+            self._transmitters_by_meter()
+            return
         before = self.monitors(self.ingress)
         light_s = self.bench.waits.light_s
         for nic in self.nics:
@@ -166,6 +176,84 @@ class _Walk:
             self.log(f"transmitter {nic.key} ({nic.interface}): port {port}, {before[port]:.2f} dBm at the input")
             self._light_back(port, before[port], light_s)
 
+    def _transmitters_by_meter(self) -> None:
+        """A meter through a test circuit: each ingress port in turn (the bench file's transmit
+        ports first) is connected to the egress the meter taps; where light arrives, the NIC the
+        file puts there is turned off to see whether it goes out. Ports where it did not are
+        tried again at the end with every NIC still to place (few, by then)."""
+        det, switch = self.probe, self.switch
+        meter = self.session.meters[det.instrument]
+
+        def read() -> float:
+            return _dbm(meter.read_dbm(det.channel))
+
+        self._clear()
+        dark = read()
+        unplaced = [n for n in self.nics if n.tx_port is None or switch.may_switch(n.tx_port)]
+        for nic in self.nics:
+            if nic not in unplaced:
+                self.found.missing(nic.key, f"not walked: the bench file puts its transmitter on port {nic.tx_port}, "
+                                            "which this bench may not touch (protected, or another bench's)")
+        claimed = [n.tx_port for n in unplaced if n.tx_port is not None]
+        deferred = []
+        for ingress in [p for p in dict.fromkeys(claimed + self.ingress) if switch.may_switch(p)]:
+            if not unplaced:
+                break
+            owner = [n for n in unplaced if n.tx_port == ingress]
+            if self._toggle_at(ingress, owner, read, dark, unplaced) is False:
+                deferred.append((ingress, set(n.key for n in owner)))
+        for ingress, tried in deferred:
+            if unplaced:
+                self._toggle_at(ingress, [n for n in unplaced if n.key not in tried], read, dark, unplaced)
+        for nic in unplaced:
+            self.found.missing(nic.key, f"its light reached {det.instrument} channel {det.channel} (port {det.port}) "
+                                        "through no ingress port when it was turned off and on")
+
+    def _toggle_at(self, ingress: int, candidates: list[WalkedNic], read, dark: float,
+                   unplaced: list[WalkedNic]) -> bool | None:
+        """With ``ingress`` connected to the meter's port: None if no light arrives there, else
+        whether one of ``candidates`` (turned off one at a time) is the transmitter behind it."""
+        det, light_s = self.probe, self.bench.waits.light_s
+        self.switch.connect([(ingress, det.port)])
+        try:
+            lit = read()
+            if lit - dark < CHANGE_DB:
+                return None
+            for nic in candidates:
+                self.transmitter(nic, False)
+                try:
+                    deadline = time.monotonic() + light_s
+                    while True:
+                        gone = lit - read() >= CHANGE_DB
+                        if gone or time.monotonic() >= deadline:
+                            break
+                        time.sleep(POLL_S)
+                finally:
+                    self.transmitter(nic, True)
+                if not gone:
+                    continue
+                self.found.transmitters[nic.key] = Transmitter(ingress, None)
+                unplaced.remove(nic)
+                self.log(f"transmitter {nic.key} ({nic.interface}): port {ingress}, seen by {det.instrument} "
+                         f"channel {det.channel} through port {det.port}")
+                deadline = time.monotonic() + light_s
+                while lit - read() >= CHANGE_DB / 2 and time.monotonic() < deadline:
+                    time.sleep(POLL_S)
+                return True
+            return False
+        finally:
+            self.switch.disconnect([(ingress, det.port)])
+
+    def _clear(self) -> dict[int, int]:
+        """Every circuit this bench may switch removed; returns those it must leave (ingress -> egress)."""
+        switch = self.switch
+        current = switch.connections()
+        kept = {i: e for i, e in current.items() if not (switch.may_switch(i) and switch.may_switch(e))}
+        clear = sorted((i, e) for i, e in current.items() if i not in kept)
+        if clear:
+            switch.disconnect(clear)
+        return kept
+
     def _light_back(self, port: int, was_dbm: float, light_s: float) -> None:
         deadline = time.monotonic() + light_s
         while self.monitors([port])[port] < was_dbm - CHANGE_DB / 2:
@@ -178,14 +266,16 @@ class _Walk:
 
     def receivers(self) -> None:
         switch = self.switch
-        current = switch.connections()
-        kept = {i: e for i, e in current.items() if not (switch.may_switch(i) and switch.may_switch(e))}
-        clear = sorted((i, e) for i, e in current.items() if i not in kept)
-        if clear:
-            switch.disconnect(clear)
-        unknown = [n for n in self.nics if n.key not in self.found.receivers]
+        kept = self._clear()
+        unknown = []
+        for n in self.nics:
+            if n.rx_port is not None and not switch.may_switch(n.rx_port):
+                self.found.missing(n.key, f"receiver not walked: the bench file puts it on port {n.rx_port}, which "
+                                          "this bench may not touch (protected, or another bench's)")
+            else:
+                unknown.append(n)
         sources = sorted((t for t in self.found.transmitters.values() if t.port not in kept),
-                         key=lambda t: -t.input_dbm)
+                         key=lambda t: -(t.input_dbm if t.input_dbm is not None else DARK_DBM))
         if not sources:
             for n in unknown:
                 self.found.missing(n.key, "receiver not walked: no transmitter was found on a port this bench may "
@@ -257,7 +347,7 @@ class _Walk:
         lit = [key for key, value in now.items() if value - dark[key] >= CHANGE_DB]
         if not lit:
             return
-        at_port = self.monitors([egress])[egress]
+        at_port = self.monitors([egress])[egress] if self.has_monitors else DARK_DBM
         for name, channel in lit:
             loss = at_port - now[(name, channel)] if at_port > DARK_DBM else None
             self.found.taps.append(Tap(name, channel, egress, loss))
