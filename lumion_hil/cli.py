@@ -687,27 +687,20 @@ def bench_release(bench_path: Path, force: bool) -> None:
 
 
 @contextlib.contextmanager
-def _commissioning(bench, bench_path: Path | None = None, time_scale: float | None = None, defects: tuple = ()):
-    """The bench open for a walk, Ctrl-C and SIGTERM stopping it at a safe point: yields the
-    session; busy is exit 6, a bench or instrument error 4, an interrupt 2 (after the baseline
-    was restored and read back)."""
+def _stopping_safely(stopped: str):
+    """Ctrl-C and SIGTERM stop what runs inside at a safe point (exit 2, saying ``stopped``);
+    busy is exit 6, a bench or instrument error 4."""
     from lumion_hil.harness.errors import BenchInUseError, HarnessError
     from lumion_hil.harness.interrupts import INTERRUPTS, RunInterrupted
-    from lumion_hil.harness.session import BenchSession
     from lumion_hil.instruments.protocols import InstrumentError
 
     INTERRUPTS.reset()
     INTERRUPTS.install()
     try:
-        with _holding_place(bench, None) as place_env:
-            if place_env and bench_path is not None:
-                os.environ.update(place_env)
-                bench = _load_or_exit(bench_path, time_scale, defects)  # with the place's addresses and ports
-            with INTERRUPTS.armed(), BenchSession.open(bench) as session:
-                yield session
+        with INTERRUPTS.armed():
+            yield
     except RunInterrupted as exc:
-        click.echo(f"lumion-hil: {exc}: stopped; the switch is back at its baseline and every transmitter on",
-                   err=True)
+        click.echo(f"lumion-hil: {exc}: stopped; {stopped}", err=True)
         sys.exit(ExitCode.INTERRUPTED)
     except BenchInUseError as exc:
         click.echo(f"lumion-hil: {exc}", err=True)
@@ -717,6 +710,21 @@ def _commissioning(bench, bench_path: Path | None = None, time_scale: float | No
         sys.exit(ExitCode.BENCH_OR_USAGE_ERROR)
     finally:
         INTERRUPTS.uninstall()
+
+
+@contextlib.contextmanager
+def _commissioning(bench, bench_path: Path, time_scale: float | None, defects: tuple):
+    """The bench open for a walk, as a run opens it (its lock or labgrid place held), stopping
+    safely: yields the session, whose closing restores the baseline whatever the exit."""
+    from lumion_hil.harness.session import BenchSession
+
+    with _stopping_safely("the switch is back at its baseline and every transmitter on"):
+        with _holding_place(bench, None) as place_env:
+            if place_env:
+                os.environ.update(place_env)
+                bench = _load_or_exit(bench_path, time_scale, defects)  # with the place's addresses and ports
+            with BenchSession.open(bench) as session:
+                yield session
 
 
 def _progress(line: str) -> None:
@@ -754,9 +762,7 @@ def bench_discover(resources: tuple[str, ...], scan: bool, hosts: tuple[str, ...
     \b
     Exit status: 0 drafted, 4 nothing usable answered (or a bad option), 6 bench busy,
     2 interrupted (the switch put back)."""
-    from lumion_hil.harness.commissioning.discover import DiscoveryError, discover, summary
-    from lumion_hil.harness.errors import BenchInUseError, HarnessError
-    from lumion_hil.harness.interrupts import INTERRUPTS, RunInterrupted
+    from lumion_hil.harness.commissioning.discover import discover, summary
     from lumion_hil.harness.places import PlaceError, parse_ports
 
     try:
@@ -765,23 +771,9 @@ def bench_discover(resources: tuple[str, ...], scan: bool, hosts: tuple[str, ...
         raise click.BadParameter(str(exc).replace("ports tag", "ports"), param_hint="--protect") from None
     if not hosts:
         raise click.BadParameter("name at least one GPU host", param_hint="--host")
-    INTERRUPTS.reset()
-    INTERRUPTS.install()
-    try:
-        with INTERRUPTS.armed():
-            text, found = discover(list(resources), list(hosts), scan=scan, python=python, protected=protected,
-                                   interfaces=interfaces, name=name, log=_progress)
-    except RunInterrupted as exc:
-        click.echo(f"lumion-hil: {exc}: stopped; the switch was put back as it was found", err=True)
-        sys.exit(ExitCode.INTERRUPTED)
-    except BenchInUseError as exc:
-        click.echo(f"lumion-hil: {exc}", err=True)
-        sys.exit(ExitCode.BENCH_BUSY)
-    except (DiscoveryError, HarnessError) as exc:
-        click.echo(f"lumion-hil: {exc}", err=True)
-        sys.exit(ExitCode.BENCH_OR_USAGE_ERROR)
-    finally:
-        INTERRUPTS.uninstall()
+    with _stopping_safely("the switch was put back as it was found"):
+        text, found = discover(list(resources), list(hosts), scan=scan, python=python, protected=protected,
+                               interfaces=interfaces, name=name, log=_progress)
     output.write_text(text, encoding="utf-8")
     for line in summary(found):
         click.echo(f"lumion-hil: {line}")

@@ -54,7 +54,7 @@ def _switch_commands_touching(world, ports) -> list:
 
 
 def test_on_the_clean_bench_the_walk_finds_every_fibre_where_the_file_says():
-    bench = load_bench(DEFAULT, time_scale=0.1)
+    bench = load_bench(DEFAULT, time_scale=0.2)
     found, world = _walk(bench)
     assert compare(bench, found) == []
     assert set(found.transmitters) == set(found.receivers) == {n.key for n in nics_of(bench)}
@@ -69,7 +69,7 @@ def test_on_the_clean_bench_the_walk_finds_every_fibre_where_the_file_says():
 
 
 def test_two_swapped_fibres_are_named_exactly_and_patched():
-    bench = load_bench(DEFAULT, time_scale=0.1, defects=["swapped_fibres=host1.p0,host3.p0"])
+    bench = load_bench(DEFAULT, time_scale=0.2, defects=["swapped_fibres=host1.p0,host3.p0"])
     found, _ = _walk(bench)
     differences = compare(bench, found)
     named = {d.text for d in differences if d.path[0] == "topology"}
@@ -89,7 +89,7 @@ def test_two_swapped_fibres_are_named_exactly_and_patched():
 
 
 def test_on_a_switch_without_monitors_a_meter_through_a_test_circuit_finds_the_swapped_fibres():
-    bench = load_bench(BENCHES / "emulated-serial.yaml", time_scale=0.1, defects=["swapped_fibres=host0.p1,host3.p1"])
+    bench = load_bench(BENCHES / "emulated-serial.yaml", time_scale=0.2, defects=["swapped_fibres=host0.p1,host3.p1"])
     found, world = _walk(bench)
     named = {d.text for d in compare(bench, found) if d.path[0] == "topology"}
     assert named == {"host0.p1 transmits into port 8; the bench file says 2",
@@ -105,7 +105,7 @@ def test_a_bench_with_protected_ports_never_has_them_commanded():
     32). Neither is commanded (the world's record of every switch command), the two NICs behind
     them are reported as not walkable, and the rest are found."""
     text = DEFAULT.read_text().replace("protected_ports: [16, 32]", "protected_ports: [7, 16, 24, 32]")
-    bench = parse_bench(text, "protected", time_scale=0.1)
+    bench = parse_bench(text, "protected", time_scale=0.2)
     found, world = _walk(bench)
     assert _switch_commands_touching(world, [7, 16, 24, 32]) == []
     assert world.violations == []
@@ -117,11 +117,11 @@ def test_a_bench_with_protected_ports_never_has_them_commanded():
 
 
 def test_wiring_from_the_command_line_prints_the_differences_and_writes_the_patch(tmp_path):
-    clean = _cli("bench", "wiring", str(DEFAULT), "--time-scale", "0.1")
+    clean = _cli("bench", "wiring", str(DEFAULT), "--time-scale", "0.2")
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert "every fibre is where the bench file says" in clean.stdout
     out = tmp_path / "patched.yaml"
-    swapped = _cli("bench", "wiring", str(DEFAULT), "--time-scale", "0.1", "--defect",
+    swapped = _cli("bench", "wiring", str(DEFAULT), "--time-scale", "0.2", "--defect",
                    "swapped_fibres=host0.p1,host2.p1", "-o", str(out))
     assert swapped.returncode == 1, swapped.stdout + swapped.stderr
     assert "host0.p1 transmits into port 6; the bench file says 2" in swapped.stdout
@@ -186,7 +186,7 @@ def _budget(bench):
 
 
 def test_a_weak_transmitter_and_a_dirty_connector_are_named_within_0_3_db_of_the_truth():
-    bench = load_bench(DEFAULT, time_scale=0.1, defects=["weak_transmitter=2.6@host1.p0", "lossy_connector=1.7@21"])
+    bench = load_bench(DEFAULT, time_scale=0.2, defects=["weak_transmitter=2.6@host1.p0", "lossy_connector=1.7@21"])
     budget, world = _budget(bench)
     truth_tx = bench.host("host1").emulation.tx_shortfall_db["p0"]  # the emulator's truth, to judge with
     truth_port = bench.switch.emulation.port_loss_db[21]
@@ -205,7 +205,7 @@ def test_a_weak_transmitter_and_a_dirty_connector_are_named_within_0_3_db_of_the
 
 
 def test_the_clean_bench_budget_names_nothing_and_matches_the_stated_losses():
-    bench = load_bench(DEFAULT, time_scale=0.1)
+    bench = load_bench(DEFAULT, time_scale=0.2)
     budget, world = _budget(bench)
     assert budget.findings == [], [f.text for f in budget.findings]
     for path in budget.paths:  # the light the bench file says each transmitter gives
@@ -217,7 +217,7 @@ def test_the_clean_bench_budget_names_nothing_and_matches_the_stated_losses():
 
 def test_budget_from_the_command_line_exits_1_and_names_the_weak_transmitter(tmp_path):
     out = tmp_path / "budget.json"
-    proc = _cli("bench", "budget", str(DEFAULT), "--time-scale", "0.1", "--defect", "weak_transmitter=4@host2.p1",
+    proc = _cli("bench", "budget", str(DEFAULT), "--time-scale", "0.2", "--defect", "weak_transmitter=4@host2.p1",
                 "--json", str(out))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "host2.p1: 4.0" in proc.stdout
@@ -284,7 +284,7 @@ def test_mistake_defects_name_what_is_wrong_with_their_value():
 
 
 def test_the_agent_turns_a_transmitter_off_and_back_on_and_restores_it_when_its_session_ends():
-    bench = load_bench(DEFAULT, time_scale=0.1, defects=["swapped_fibres=host0.p0,host2.p0"])
+    bench = load_bench(DEFAULT, time_scale=0.2, defects=["swapped_fibres=host0.p0,host2.p0"])
     with BenchSession.open(bench) as session:
         host = AgentClient("host0", session.backend.agent_argv(bench.host("host0")))
         host.set_transmitter("p0", False)  # host0.p0's fibre really lands on port 5

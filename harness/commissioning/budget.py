@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from lumion_hil.harness.commissioning.walk import DARK_DBM, _dbm
+from lumion_hil.harness.commissioning.walk import DARK_DBM, dbm_or_dark
 
 
 @dataclass
@@ -126,7 +126,7 @@ def measure_budget(session, *, readings: int = 5, tolerance_db: float = 1.0,
         ports = sorted({p[2] for p in pairs})
         for _ in range(readings):
             for port, value in switch.port_power_dbm(ports).items():
-                inputs.setdefault(port, []).append(_dbm(value))
+                inputs.setdefault(port, []).append(dbm_or_dark(value))
     current = switch.connections()
     clear = sorted((i, e) for i, e in current.items() if switch.may_switch(i) and switch.may_switch(e))
     if clear:
@@ -167,12 +167,12 @@ def _egress_readings(session, egresses: list[int], monitors: bool, tapped: dict)
     bench = session.bench
     at = {}
     if monitors:
-        at = {p: _dbm(v) for p, v in session.switch.port_power_dbm(egresses).items()}
+        at = {p: dbm_or_dark(v) for p, v in session.switch.port_power_dbm(egresses).items()}
     for egress in egresses:
         det = bench.meter_detector_for_port(egress)
         if det is None:
             continue
-        reading = _dbm(session.meters[det.instrument].read_dbm(det.channel))
+        reading = dbm_or_dark(session.meters[det.instrument].read_dbm(det.channel))
         if reading <= DARK_DBM:
             continue
         if monitors and at.get(egress, DARK_DBM) > DARK_DBM:

@@ -170,13 +170,18 @@ def _walk(disc: Discovery, protected: list[int], name: str, log) -> None:
     prelim = Bench.model_validate(plain(_structure(disc, protected, name, placeholders=True)))
     nics = [WalkedNic(h.name, s["interface"], s["interface"]) for h in disc.hosts if not h.problem
             for s in h.interfaces]
-    with BenchSession.open(prelim, restore=False) as session:
+    session = BenchSession.open(prelim, restore=False)
+    known = False  # until the switch has been read, closing must not "restore" it to nothing
+    try:
         switch = session.switch
         # The baseline is the switch as it was found: closing the session puts it back.
         disc.baseline_found = sorted((i, e) for i, e in switch.connections().items()
                                      if switch.may_switch(i) and switch.may_switch(e))
         switch.baseline = list(disc.baseline_found)
-        disc.fibres = find_fibres(session, nics, log=log)
+        known = True
+        disc.fibres = find_fibres(session, nics, only_lit=True, log=log)
+    finally:
+        session.close(restore=known)
 
 
 def _structure(disc: Discovery, protected: list[int], name: str, placeholders: bool = False) -> dict:

@@ -22,6 +22,7 @@ from typing import Callable
 
 from lumion_hil.harness.errors import HarnessError
 from lumion_hil.harness.interrupts import critical
+from lumion_hil.instruments.protocols import InstrumentError
 
 # A port whose light fell (or rose) by this much changed: 10GBASE-LR's weakest transmitter
 # (-8.2 dBm) is still some 40 dB above a monitor's or a meter's dark reading.
@@ -89,7 +90,8 @@ class FibreMap:
         self.not_found.setdefault(key, []).append(why)
 
 
-def _dbm(value) -> float:
+def dbm_or_dark(value) -> float:
+    """A reading in dBm, or DARK_DBM for one that is not a number (under range, no light)."""
     return value if isinstance(value, float) and math.isfinite(value) else DARK_DBM
 
 
@@ -117,10 +119,10 @@ class _Walk:
     # -- readings ---------------------------------------------------------------------------------
 
     def monitors(self, ports: list[int]) -> dict[int, float]:
-        return {p: _dbm(v) for p, v in self.switch.port_power_dbm(ports).items()}
+        return {p: dbm_or_dark(v) for p, v in self.switch.port_power_dbm(ports).items()}
 
     def meter_channels(self) -> dict[tuple[str, int], float]:
-        return {(name, ch): _dbm(meter.read_dbm(ch)) for name, meter in self.session.meters.items()
+        return {(name, ch): dbm_or_dark(meter.read_dbm(ch)) for name, meter in self.session.meters.items()
                 for ch in range(1, meter.channels + 1)}
 
     def links(self, nics: list[WalkedNic]) -> dict[str, dict]:
@@ -133,9 +135,18 @@ class _Walk:
                     out[n.key] = states[n.interface]
         return out
 
-    def transmitter(self, nic: WalkedNic, on: bool) -> None:
-        with critical():  # sent is answered: an off is never overtaken by the on that undoes it
-            self.session.hosts[nic.host].set_transmitter(nic.interface, on)
+    def transmitter(self, nic: WalkedNic, on: bool) -> bool:
+        """Turn a NIC's transmitter off or on; False (and the reason noted) where its host
+        refused to turn it off (the interface its session or default route runs over)."""
+        try:
+            with critical():  # sent is answered: an off is never overtaken by the on that undoes it
+                self.session.hosts[nic.host].set_transmitter(nic.interface, on)
+        except InstrumentError as exc:
+            if on:
+                raise
+            self.found.missing(nic.key, f"its transmitter could not be turned off: {exc.reason}")
+            return False
+        return True
 
     # -- transmitters -----------------------------------------------------------------------------
 
@@ -150,7 +161,8 @@ class _Walk:
                 self.found.missing(nic.key, f"not walked: the bench file puts its transmitter on port {nic.tx_port}, "
                                             "which this bench may not touch (protected, or another bench's)")
                 continue
-            self.transmitter(nic, False)
+            if not self.transmitter(nic, False):
+                continue
             try:
                 deadline = time.monotonic() + light_s
                 while True:
@@ -185,7 +197,7 @@ class _Walk:
         meter = self.session.meters[det.instrument]
 
         def read() -> float:
-            return _dbm(meter.read_dbm(det.channel))
+            return dbm_or_dark(meter.read_dbm(det.channel))
 
         self._clear()
         dark = read()
@@ -220,7 +232,8 @@ class _Walk:
             if lit - dark < CHANGE_DB:
                 return None
             for nic in candidates:
-                self.transmitter(nic, False)
+                if not self.transmitter(nic, False):
+                    continue
                 try:
                     deadline = time.monotonic() + light_s
                     while True:
@@ -264,11 +277,13 @@ class _Walk:
 
     # -- receivers --------------------------------------------------------------------------------
 
-    def receivers(self) -> None:
+    def receivers(self, only_lit: bool) -> None:
         switch = self.switch
         kept = self._clear()
         unknown = []
         for n in self.nics:
+            if only_lit and n.key not in self.found.transmitters:
+                continue  # not on this switch, as far as its light says: its receiver is not looked for
             if n.rx_port is not None and not switch.may_switch(n.rx_port):
                 self.found.missing(n.key, f"receiver not walked: the bench file puts it on port {n.rx_port}, which "
                                           "this bench may not touch (protected, or another bench's)")
@@ -355,15 +370,18 @@ class _Walk:
                      + (f", {loss:.2f} dB below the switch's monitor" if loss is not None else ""))
 
 
-def find_fibres(session, nics: list[WalkedNic], *, log: Callable[[str], None] = lambda _: None) -> FibreMap:
+def find_fibres(session, nics: list[WalkedNic], *, only_lit: bool = False,
+                log: Callable[[str], None] = lambda _: None) -> FibreMap:
     """Walk the bench's fibres (see the module's doc). ``session`` is an open BenchSession:
-    its lock or place is held, and closing it restores the baseline, whatever happened here."""
+    its lock or place is held, and closing it restores the baseline, whatever happened here.
+    ``only_lit``: look for the receivers of the NICs whose transmitter was found only (a host's
+    other interfaces, its management network say, are not on the switch)."""
     walk = _Walk(session, nics, log)
     started = time.perf_counter()
     with session.timeline.span("commissioning.transmitters", nics=len(nics)):
         walk.transmitters()
     with session.timeline.span("commissioning.receivers"):
-        walk.receivers()
+        walk.receivers(only_lit)
     walk.found.duration_s = time.perf_counter() - started
     return walk.found
 
