@@ -199,6 +199,15 @@ CATALOGUE: dict[str, Defect] = {d.name: d for d in (
            _controller("IgnoresFadingLightController"), device=False),
     Defect("early_first_step", "the controller reports the first step N ms before its hosts saw it", "200",
            _controller("EarlyFirstStepController"), device=False),
+    Defect("restart_first_dawdle", "the controller restarts the job first and rewires only N ms after the job is "
+           "ready (the job waits in its first collective for its links)", "400", _controller("RestartFirstController"),
+           device=False),
+    Defect("wrong_spare_first", "the controller wires another spare in first, waits for its links, then takes it out "
+           "for the one it chose (a bench with two spares)", None, _controller("WrongSpareFirstController"),
+           device=False),
+    Defect("touches_protected_port", "the controller parks a beam on a protected port through its own switch session "
+           "and takes it away again before the switch is read back", None,
+           _controller("TouchesProtectedPortController"), device=False),
     Defect("unguarded_protected_port", "the controller switches through the raw driver, so the protected-port "
            "guard does not see it, and takes a spare behind a protected port", None,
            _controller("UnguardedController"), device=False),

@@ -21,8 +21,9 @@ class Basis(str, enum.Enum):
     MODEL = "model"
 
 
-# Units of figures that an emulated bench's physics decides (times, light, bandwidth, rates).
-_PHYSICS_UNITS = frozenset({"s", "dBm", "dB", "GB/s", "ratio", "samples/s", "steps"})
+# Units of figures that an emulated bench's physics decides (times, light, bandwidth, rates, the
+# wrong elements a collective computes, the carrier drops a link makes).
+_PHYSICS_UNITS = frozenset({"s", "dBm", "dB", "GB/s", "ratio", "samples/s", "steps", "elements", "drops"})
 
 
 class Verdict(str, enum.Enum):

@@ -177,3 +177,98 @@ class IgnoresFadingLightController(ReferenceController):
     def __init__(self, session, ranks):
         super().__init__(session, ranks)
         self.watchers = _BlindToFading(session)
+
+
+class RestartFirstController(ReferenceController):
+    """Restarts the job on the new rank map first (a fair overlap: the job starts while the
+    fabric is rewired), but rewires only ``delay_ms`` after the job says it is ready: it
+    dawdles past the job's whole start-up. The job waits in its first collective for links that
+    are not up yet; a harness that counted everything from the restart to the first step as
+    the job's start-up would hide the dawdle there. (For a job whose communicator comes up
+    without its links, as the emulated job's does.)"""
+
+    def __init__(self, session, ranks, delay_ms: float = 400.0, phase: str | None = None):
+        super().__init__(session, ranks, restart=self._unless_started)
+        self.delay_s = delay_ms / 1e3
+        self.started_for: list[str] | None = None
+        self.phase_listeners.append(self._restart_then_dawdle)
+
+    def _restart_then_dawdle(self, phase: str, plan) -> None:
+        if phase == "switch" and plan is not None and plan.ranks_after and self.started_for is None:
+            self.session.stop_job()  # (the reference's own stop may still be under way: stopping is idempotent)
+            self.session.start_job(plan.ranks_after)
+            self.started_for = list(plan.ranks_after)
+            self.session.hosts[plan.ranks_after[0]].wait_job_event("nccl_init", self.phases.left())
+            time.sleep(self.delay_s)  # the bug: nothing happens while the job waits for its links
+
+    def _unless_started(self, session, ranks: list[str]) -> None:
+        if self.started_for != list(ranks):
+            session.start_job(ranks)
+
+
+class _OtherSpareFirst:
+    """The guarded switch, but the first connect of a recovery wires another spare in the
+    chosen one's place, waits for its links, and takes it out again before doing as asked."""
+
+    def __init__(self, session):
+        self._session, self._switch, self._tried = session, session.switch, False
+
+    def __getattr__(self, name):
+        return getattr(self._switch, name)
+
+    def connect(self, pairs) -> None:
+        bench = self._session.bench
+        if not self._tried:
+            self._tried = True
+            wrong = self._other_spare(bench, list(pairs))
+            if wrong:
+                self._switch.connect(wrong)
+                for _, egress in wrong:  # the bug: a spare it did not choose, lit and locked for nothing
+                    owner = bench.nic_on_rx_port(egress)
+                    if owner is not None:
+                        self._session.hosts[owner[0].name].wait_link(owner[1].interface or owner[1].name, up=True,
+                                                                     timeout_s=bench.waits.link_up_s)
+                self._switch.disconnect(wrong)
+        self._switch.connect(pairs)
+
+    @staticmethod
+    def _other_spare(bench, pairs) -> list[tuple[int, int]]:
+        spares = [h for h in bench.topology.hosts if any(g.role == "spare" for g in h.gpus)]
+        ports = {p for pair in pairs for p in pair}
+        chosen = next((h for h in spares if {p for n in h.nics for p in (n.tx_port, n.rx_port)} & ports), None)
+        other = next((h for h in spares if h is not chosen and len(h.nics) == len(chosen.nics)), None) if chosen else None
+        if other is None:
+            return []
+        swap = {}
+        for mine, theirs in zip(chosen.nics, other.nics):
+            swap[mine.tx_port], swap[mine.rx_port] = theirs.tx_port, theirs.rx_port
+        return [(swap.get(i, i), swap.get(e, e)) for i, e in pairs]
+
+
+def WrongSpareFirstController(session, ranks):
+    """Wires another spare in first, waits for its links, then takes it out for the one it
+    chose: switching, light and lock that the final plan did not need."""
+    return ReferenceController(session, ranks, switch=_OtherSpareFirst(session))
+
+
+class TouchesProtectedPortController(ReferenceController):
+    """Parks a beam on a protected port through its own session to the switch as it starts to
+    rewire, and takes it away again: the switch reads back clean afterwards."""
+
+    def __init__(self, session, ranks):
+        super().__init__(session, ranks)
+        self.phase_listeners.append(self._park)
+        self._parked = False
+
+    def _park(self, phase: str, _plan) -> None:
+        if phase != "switch" or self._parked:
+            return
+        self._parked = True
+        bench = self.session.bench
+        raw = self.session.drivers[bench.topology.switch]  # the bug: around the guard
+        protected = sorted(bench.safety.protected_ports)
+        ingress = next((p for p in protected if p in bench.switch.ingress_ports), None)
+        egress = next((p for p in protected if p in bench.switch.egress_ports), None)
+        if ingress is not None and egress is not None:
+            raw.connect([(ingress, egress)])
+            raw.disconnect([(ingress, egress)])

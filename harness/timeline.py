@@ -98,6 +98,9 @@ class Timeline:
         return json.dumps(self.to_dict(), indent=1, default=str)
 
 
+_PLAIN = (list, tuple, dict, str, int, float, bool)  # arguments kept as they are (never a one-shot iterator)
+
+
 class _Recorded:
     def __init__(self, target: Any, prefix: str, timeline: Timeline, guard):
         self._target = target
@@ -112,7 +115,11 @@ class _Recorded:
 
         @functools.wraps(value)
         def call(*args, **kwargs):
-            with self._guard(), self._timeline.span(f"{self._prefix}.{attr}"):
+            # What was asked is kept with the span (the pairs a switch command made, say), so
+            # that the harness judges what it saw commanded, not what a controller says it did.
+            shown = [a for a in args if isinstance(a, _PLAIN)]
+            attrs = {"args": shown} if shown and len(shown) == len(args) else {}
+            with self._guard(), self._timeline.span(f"{self._prefix}.{attr}", **attrs):
                 return value(*args, **kwargs)
 
         return call

@@ -88,6 +88,13 @@ AGENT_FAULTS = {
 }
 
 
+def models_physics(backend) -> bool:
+    """Whether an emulated world decides a backend's physics (light, switching, lock, the cost
+    model): every bench but a real one, a served world's included. ``backend``: the class or an
+    instance."""
+    return getattr(backend, "kind", "real") != "real"
+
+
 class BenchBackend(abc.ABC):
     """What a bench offers the harness beyond its drivers. ``bench`` is the validated bench
     (read for its topology and emulation settings only)."""
@@ -97,6 +104,9 @@ class BenchBackend(abc.ABC):
     #: real bytes cross its fabric (a real bench; the namespaced bench's sockets and shaped links):
     #: what nccl-tests reports there is measured, even where the rest is emulated
     real_traffic: bool = True
+    #: what the harness itself set that its traffic figures follow from (the namespaced bench's
+    #: tbf rates and uplinks, from the bench file); empty where the fabric is the lab's own
+    shaped_by: str = ""
 
     def __init__(self, bench: Any):
         self.bench = bench

@@ -160,7 +160,8 @@ def run(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], re
     if record_transcript and transcript_path.exists():
         click.echo(f"lumion-hil: transcript {transcript_path}")
     if status == ExitCode.NOTHING_COLLECTED:
-        click.echo("lumion-hil: no suite was collected (check -k / paths); treating as a failure", err=True)
+        click.echo("lumion-hil: no test was collected, or every one was skipped (above), so nothing was judged: "
+                   "treating it as a failure", err=True)
     elif status == ExitCode.BENCH_OR_USAGE_ERROR:
         click.echo("lumion-hil: usage or bench error (above); nothing was run and no results were changed", err=True)
     elif status == ExitCode.INTERRUPTED:
@@ -619,12 +620,18 @@ def bench_restore(bench_path: Path) -> None:
     if backend_name(bench) == "netns":  # the rack in a box: what a run killed outright left behind
         from lumion_hil.instruments.emulators.rack import Rack
 
-        removed = Rack.clean_up_stale()
+        # A run whose wrapper was killed is still stopping at a safe point: wait for it as a run's
+        # own Ctrl-C is waited for (twice the OPC deadline and 30 s), then remove what is left.
+        removed, left = Rack.restore_after_killed_runs(wait_s=2 * bench.deadlines.opc_s + 30)
         click.echo(f"bench {bench.name!r}: " + (f"removed {', '.join(removed)}" if removed
                                                 else "no rack left behind by a run that ended without tearing it down"))
-        left = Rack.leftovers()
         if any(left.values()):
-            click.echo(f"lumion-hil: still on this machine (racks of runs still going?): {left}", err=True)
+            click.echo(f"lumion-hil: bench {bench.name!r} is not restored: still on this machine, owned by no live run: "
+                       + "; ".join(f"{kind}: {', '.join(names)}" for kind, names in left.items() if names), err=True)
+            sys.exit(ExitCode.BENCH_OR_USAGE_ERROR)
+        running = Rack.leftovers()
+        if any(running.values()):
+            click.echo(f"lumion-hil: racks of runs still going (left as they are): {running['netns']}", err=True)
         return
     if bench.all_emulated:
         raise click.ClickException(f"bench {bench.name!r} is emulated in-process: there is nothing to restore")

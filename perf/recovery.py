@@ -38,13 +38,15 @@ def recoveries(bench_file: str, scale: float, n: int):
             controller = load_controller(session, ranks)
             controller.arm()
             fault = Fault("gpu_failure", ranks[i % len(ranks)])
+            before = session.switch.connections()
             fault_ns = injector.inject(fault)
             result = controller.recover(fault_ns)
             injector.repair(fault)
             if result.status != "recovered":
                 raise SystemExit(f"recovery {i} on {bench_file}: {result.status}: {result.reason}")
-            truth = ground_truth(session.world, fault_ns, result)
-            overhead = controller_overhead(session, fault_ns, observe_restart(session, fault_ns))
+            restart = observe_restart(session, fault_ns)
+            truth = ground_truth(session.world, fault_ns, result, restart)
+            overhead = controller_overhead(session, fault_ns, restart, before, session.switch.connections())
             out.append((result, fault_ns, truth, overhead))
         session.stop_job()
     return out

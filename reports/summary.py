@@ -50,6 +50,8 @@ class Row:
     predicted: float | None = None  # what the bench file alone predicts (harness/predictions.py)
     prediction: str = ""  # and why
     better: str | None = None  # a recorded (unjudged) figure's good direction
+    until: str = ""  # where the figure's clock stopped, where the suite says (the job running again, ...)
+    follows_from: str = ""  # what the harness itself set that the figure follows from (a bench's shaping)
 
 
 def _key(m: dict, with_bench: bool = False) -> str:
@@ -94,6 +96,7 @@ def summarize(record: Path, history: list[dict]) -> dict:
                   m["verdict"], m.get("cause", ""), m.get("published"), m.get("published_value"),
                   basis=m.get("basis", "measured"), better=m.get("better"))
         attrs = m.get("attrs") or {}
+        row.until, row.follows_from = str(attrs.get("until") or ""), str(attrs.get("follows_from") or "")
         if isinstance(attrs.get("predicted"), (int, float)) and "observed" not in attrs:
             row.predicted, row.prediction = float(attrs["predicted"]), str(attrs.get("prediction", ""))
         if row.published_value and row.value is not None:
@@ -188,13 +191,18 @@ def to_markdown(summary: dict) -> str:
     published = [r for r in summary["rows"] if r["published"]]
     out += ["", f"## Published numbers ({len(published)} measurements)", "",
             "A `model` figure is what an emulated bench computed from its own physics and settings: it can agree "
-            "with a paper, it never confirms it. Only a `measured` figure from a real bench can.", "",
+            "with a paper, it never confirms it. Only a `measured` figure from a real bench can, and not one that "
+            "follows from what the harness itself set (a bench's own link shaping).", "",
             "| measurement | value | basis | published | ratio | verdict | change |", "|---|---|---|---|---|---|---|"]
     for r in published:
-        verdict = r["verdict"]
+        verdict, agrees = r["verdict"], "agrees" if r["verdict"] != "fail" else "disagrees"
         if r.get("basis") == "model":
-            verdict = f"{verdict} (model: {'agrees' if verdict != 'fail' else 'disagrees'}, confirms nothing)"
-        out.append(f"| {r['key']} | {_fmt(r['value'], r['unit'])} | {r.get('basis', 'measured')} | "
+            verdict = f"{verdict} (model: {agrees}, confirms nothing)"
+        elif r.get("follows_from"):
+            verdict = f"{verdict} (follows from the bench's own shaping: {agrees}, confirms nothing)"
+        basis = r.get("basis", "measured") + (f"; follows from {r['follows_from']}" if r.get("follows_from") else "")
+        key = r["key"] + (f" (until {r['until']})" if r.get("until") else "")
+        out.append(f"| {key} | {_fmt(r['value'], r['unit'])} | {basis} | "
                    f"{_fmt(r['published_value'], r['unit'])} ({r['published']}) | {_fmt(r['ratio'])} | {verdict} | "
                    f"{_fmt(None if r['change'] is None else r['change'] * 100, '%')} |")
     predicted = [r for r in summary["rows"] if r.get("predicted") is not None]

@@ -6,7 +6,7 @@ optical fabric: migrating the job to a reserved rack."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import allure
 import pytest
@@ -17,8 +17,8 @@ from lumion_hil.harness import limits
 from lumion_hil.harness.faults import CATALOGUE, Fault, Injector
 from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.published import about_at_most, upper_limit
-from lumion_hil.harness.recovery import (LightProbe, NotRestarted, controller_overhead, ground_truth,
-                                        migrate_to_reserved_rack, observe_restart, recover_from)
+from lumion_hil.harness.recovery import (LightProbe, LinkWatch, NotRestarted, controller_overhead, ground_truth,
+                                        migrate_to_reserved_rack, observe_restart, recover_from, switch_commands)
 from lumion_hil.reports.plots import close, recovery_figure
 
 pytestmark = allure.feature("recovery")
@@ -44,15 +44,33 @@ def _spare_detectors(bench_file):
 
 
 def _recover(session, bench_file, ranks, fault_kind):
+    """Make the fault and let the controller recover, watching from outside: the light at the
+    spares' detectors, the switch as read before the fault, and (on a bench without an emulated
+    world to keep the record) the NICs' carrier as their agents see it."""
     injector = Injector(session, seed=bench_file.recovery.fault_seed)
     supported, why = injector.supported(fault_kind)
     if not supported:
         pytest.skip(f"{fault_kind}: {why}")
     controller = load_controller(session, ranks)
     fault = injector.choose(fault_kind, ranks)
-    with LightProbe(session, _spare_detectors(bench_file)) as probe:
+    before = session.switch.connections()
+    nics = [] if session.world is not None else [(h.name, n.interface or n.name) for h in bench_file.topology.hosts
+                                                 for n in h.nics]
+    with LightProbe(session, _spare_detectors(bench_file)) as probe, LinkWatch(session, nics) as links:
         fault_ns, result = recover_from(controller, lambda: injector.inject(fault), lambda: injector.repair(fault))
-    return fault, fault_ns, result, probe
+    return Recovery(fault, fault_ns, result, probe, before, links)
+
+
+@dataclass
+class Recovery:
+    """One recovery as the harness watched it."""
+
+    fault: Fault
+    fault_ns: int
+    result: object  # the controller's RecoveryResult: its own account, judged as a claim
+    probe: LightProbe
+    before: dict[int, int]  # the switch's connections, read just before the fault
+    links: LinkWatch
 
 
 def _attach(bench_file, fault, fault_ns, result, probe):
@@ -65,10 +83,13 @@ def _attach(bench_file, fault, fault_ns, result, probe):
                                          "phases_s": {p: result.phase_s(p) for p in result.phases}})
 
 
-def verify_from_outside(session, bench_file, fault, restart, measure):
-    """What the controller left on the switch, read back from it: no circuit still touches the
-    host the harness failed (when the job no longer runs there), and protected ports carry only
-    what the baseline gives them."""
+def verify_from_outside(session, bench_file, recovery, restart, measure) -> dict[int, int]:
+    """What the controller did to the switch, as the harness saw it: no circuit still touches
+    the host the harness failed (when the job no longer runs there), read back from the switch;
+    and no protected port switched at any moment of the recovery (the commands the harness saw
+    through the bench's switch, the emulated world's record of every beam moved, and what the
+    switch carries now). Returns the connections read back."""
+    fault = recovery.fault
     connections = sorted(session.switch.connections().items())
     if fault.host not in restart.ranks:
         ports = {p for nic in bench_file.host(fault.host).nics for p in (nic.tx_port, nic.rx_port)}
@@ -77,10 +98,17 @@ def verify_from_outside(session, bench_file, fault, restart, measure):
                 .at_least(1, "the controller's promise: the failed GPU is taken out of the fabric").with_marginal(0.0),
                 0.0 if left else 1.0, host=fault.host, circuits_left=left)
     protected = set(bench_file.safety.protected_ports)
-    touched = [pair for pair in connections if set(pair) & protected and pair not in set(bench_file.safety.baseline)]
-    measure(Spec("protected_ports_untouched", "ok", category="controller error", description="1: no new circuit on a protected port").at_least(
-        1, "safety rule: protected ports are never switched").with_marginal(0.0), 0.0 if touched else 1.0,
-        circuits=touched)
+    now_on = [pair for pair in connections if set(pair) & protected and pair not in set(bench_file.safety.baseline)]
+    commanded = [(method, pairs) for method, _, _, pairs in switch_commands(session, recovery.fault_ns, session.timeline.clock())
+                 if any(set(pair) & protected for pair in pairs)]
+    world = session.world
+    violations = [] if world is None else [e.detail.get("ports") for e in world.violations if e.t_ns >= recovery.fault_ns]
+    measure(Spec("protected_ports_untouched", "ok", category="controller error", description="1: no protected port switched "
+                 "during the recovery, nor carrying a new circuit after it").at_least(
+        1, "safety rule: protected ports are never switched").with_marginal(0.0),
+        0.0 if (now_on or commanded or violations) else 1.0, circuits=now_on, commands=commanded,
+        world_violations=violations)
+    return dict(connections)
 
 
 def judge_the_report(fault, restart, result, measure):
@@ -106,8 +134,9 @@ def judge_the_report(fault, restart, result, measure):
 @allure.title("recovery from {fault_kind}")
 @pytest.mark.parametrize("fault_kind", list(CATALOGUE))
 def test_recovery_time(session, bench_file, running_job, fault_kind, measure, timeline):
-    fault, fault_ns, result, probe = _recover(session, bench_file, running_job, fault_kind)
-    _attach(bench_file, fault, fault_ns, result, probe)
+    recovery = _recover(session, bench_file, running_job, fault_kind)
+    fault, fault_ns, result = recovery.fault, recovery.fault_ns, recovery.result
+    _attach(bench_file, fault, fault_ns, result, recovery.probe)
     allure.dynamic.description(f"{fault.describe()}: {result.status}. {result.reason}")
     if result.status != "recovered":
         allure_glue.label_cause("controller error")
@@ -118,31 +147,39 @@ def test_recovery_time(session, bench_file, running_job, fault_kind, measure, ti
     except NotRestarted as exc:
         allure_glue.label_cause("controller error")
         raise AssertionError(f"{fault.describe()}: the controller said recovered, but {exc}") from None
-    verify_from_outside(session, bench_file, fault, restart, measure)
+    after = verify_from_outside(session, bench_file, recovery, restart, measure)
     judge_the_report(fault, restart, result, measure)
     overrides, fraction, scale = bench_file.published, bench_file.limits.marginal_fraction, bench_file.time_scale
     software = bench_file.limits.controller_overhead_s.value  # added unscaled to a scaled limit
     restart_s = (restart.restarted_ns - fault_ns) / 1e9
     total_s = (restart.first_step_ns - fault_ns) / 1e9
     uncertainty_ns = session.hosts[restart.lead].clock.uncertainty_ns
+    # Morphlux's "optical path reprogrammed and job restarted" is the relaunch: every rank's
+    # process started. LUMION's "restarts the ML job" is the job running again: every rank's
+    # communicator ready and its first collective done.
     measure(upper_limit("recovery_to_restart", "morphlux.rewire_and_restart_s", overrides, fraction, scale, software),
-            restart_s, fault=fault.describe())
+            restart_s, fault=fault.describe(), until="every rank's process started")
     measure(about_at_most("recovery_to_restart_lumion", "lumion.swap_and_restart_s", overrides,
-                          bench_file.limits.about_tolerance.value, fraction, scale, software), restart_s,
-            fault=fault.describe())
+                          bench_file.limits.about_tolerance.value, fraction, scale, software),
+            (restart.running_ns - fault_ns) / 1e9, fault=fault.describe(), until=restart.running_from,
+            processes_started_s=restart_s)
     measure(upper_limit("recovery_to_first_step", "morphlux.first_step_s", overrides, fraction, scale, software), total_s,
             fault=fault.describe(), uncertainty_s=uncertainty_ns / 1e9)
     for phase in PHASES:
         if phase in result.phases:
             measure(Spec(f"phase_{phase}", "s", description=f"recovery phase {phase}, as the controller reports it"),
                     result.phase_s(phase))
+    if restart.ready_ns is not None:
+        measure(Spec("recovery_to_communicator_ready", "s", description="fault to every rank's communicator ready, "
+                     "from the ranks' own lines as their agents saw them"), (restart.ready_ns - fault_ns) / 1e9)
 
-    # The controller's overhead, from outside: wall time minus the physics the bench accounts for.
-    overhead = controller_overhead(session, fault_ns, restart)
+    # The controller's overhead, from outside: wall time minus the physics its final plan needed.
+    overhead = controller_overhead(session, fault_ns, restart, recovery.before, after, recovery.links)
     measure(limits.controller_overhead(bench_file), overhead.overhead_s, physics_s=overhead.physics_s,
-            physics=overhead.physics, physics_from=overhead.basis)
+            physics=overhead.physics, physics_from=overhead.basis, not_needed_by_the_final_plan=overhead.wasted,
+            final_plan_added=overhead.added, final_plan_removed=overhead.removed)
     if session.world is not None:  # the emulated world knows what truly happened
-        truth = ground_truth(session.world, fault_ns, result)
+        truth = ground_truth(session.world, fault_ns, result, restart)
         measure(Spec("recovery_measurement_error", "s", software=True, description="measured fault-to-first-step minus the world's")
                 .in_range(-0.005, 0.005, "harness requirement: within 5 ms of ground truth (on a loaded 2-core machine "
                           "the agent's stamp of the first step was seen up to 4 ms late)"), total_s - truth.total_s)
@@ -180,7 +217,8 @@ def test_migration_baseline_against_optical_recovery(session, bench_file, runnin
         pytest.skip("the migration baseline needs the emulated world (a reserved rack is not on this bench)")
     if bench_file.electrical is None:
         pytest.skip("the migration baseline's reserved rack runs on the electrical network; the bench describes none")
-    fault, fault_ns, optical, _ = _recover(session, bench_file, running_job, "gpu_failure")
+    recovery = _recover(session, bench_file, running_job, "gpu_failure")
+    fault_ns, optical = recovery.fault_ns, recovery.result
     assert optical.status == "recovered", optical.reason
     optical_s = (observe_restart(session, fault_ns).first_step_ns - fault_ns) / 1e9  # as the agents saw it
 

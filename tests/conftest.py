@@ -28,6 +28,48 @@ if "no:labgrid" not in os.environ.get("PYTEST_ADDOPTS", ""):
 ROOT = Path(__file__).resolve().parent.parent
 BENCHES = ROOT / "benches"
 
+# Parts of the machine some tests need: the namespaced bench (root, iproute2, openssh), labgrid,
+# the third-party instrument clients, and a browser with the Allure CLI. Where one is missing its
+# tests are skipped with the reason, unless the run requires it (LUMION_HIL_REQUIRE, a comma list
+# of these or "all"; CI requires them all): then they fail with the reason, so that a part CI is
+# meant to test never passes by being left out.
+PARTS = {"netns": "the namespaced bench", "places": "labgrid places", "real-clients": "third-party clients",
+         "browser": "the HTML report in a browser"}
+_REQUIRED = {p.strip() for p in os.environ.get("LUMION_HIL_REQUIRE", "").split(",") if p.strip()}
+unknown = _REQUIRED - set(PARTS) - {"all"}
+if unknown:
+    raise pytest.UsageError(f"LUMION_HIL_REQUIRE: unknown part(s) {sorted(unknown)}; known: {', '.join(PARTS)}, all")
+
+
+def needs(part: str, available: bool, why: str) -> list:
+    """Marks for a test, or a module's ``pytestmark``, that needs a part of the machine (PARTS):
+    none where it is there; a skip with ``why`` where it is not; a failure with ``why`` where it
+    is not and the run requires it."""
+    if part not in PARTS:
+        raise ValueError(f"unknown part {part!r}; known: {', '.join(PARTS)}")
+    if available:
+        return []
+    if part in _REQUIRED or "all" in _REQUIRED:
+        return [pytest.mark.missing_part(part=part, why=why)]
+    return [pytest.mark.skip(reason=why)]
+
+
+def missing(part: str, why: str):
+    """Inside a test or fixture that finds a part of the machine missing: skip with ``why``, or
+    fail with it where the run requires the part."""
+    needed = needs(part, False, why)[0]
+    if needed.name == "missing_part":
+        pytest.fail(f"this run requires {PARTS[part]} (LUMION_HIL_REQUIRE={part}), and it is missing here: {why}",
+                    pytrace=False)
+    pytest.skip(why)
+
+
+def pytest_runtest_setup(item) -> None:
+    for mark in item.iter_markers("missing_part"):
+        part = mark.kwargs["part"]
+        pytest.fail(f"this run requires {PARTS[part]} (LUMION_HIL_REQUIRE={part}), and it is missing here: "
+                    f"{mark.kwargs['why']}", pytrace=False)
+
 
 @pytest.fixture
 def bench_cfg():

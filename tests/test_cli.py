@@ -97,7 +97,7 @@ def test_run_writes_results_record_and_passes_pytest_args(tmp_path):
 def test_run_with_no_matching_suite_fails(tmp_path):
     proc = _cli("run", "--results", str(tmp_path), "--no-report", "-k", "no_such_suite_anywhere", "-q")
     assert proc.returncode == 5
-    assert "no suite was collected" in proc.stderr
+    assert "no test was collected" in proc.stderr
 
 
 def test_a_mistyped_option_changes_nothing_and_says_so(tmp_path):

@@ -20,11 +20,16 @@ import yaml
 
 from lumion_hil.harness.places import Holder, address_of, parse_ports, PlaceError
 
-from conftest import BENCHES, serve_bench
+from conftest import BENCHES, needs, serve_bench
 
-pytest.importorskip("labgrid", reason="labgrid is not installed (pip install 'lumion-hil[labgrid]')")
+try:
+    import labgrid  # noqa: F401 (its programs are what the tests run)
+    LABGRID = True
+except ImportError:
+    LABGRID = False
 BIN = Path(sys.executable).parent
-pytestmark = pytest.mark.xdist_group("labgrid")  # one coordinator at a time is plenty for two cores
+pytestmark = [*needs("places", LABGRID, "labgrid is not installed (pip install 'lumion-hil[labgrid]')"),
+              pytest.mark.xdist_group("labgrid")]  # one coordinator at a time is plenty for two cores
 
 
 def _free_port() -> int:

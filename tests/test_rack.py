@@ -21,8 +21,10 @@ from lumion_hil.instruments.emulators import rack as rack_module
 from lumion_hil.instruments.emulators.rack import (Rack, RackError, RackHost, RackNic, RackSpec,
                                                    RackUnavailable, available)
 
+from conftest import needs
+
 OK, WHY = available()
-pytestmark = pytest.mark.skipif(not OK, reason=f"no rack on this machine: {WHY}")
+pytestmark = needs("netns", OK, f"no rack on this machine: {WHY}")
 
 PY = sys.executable
 NIC_MBIT = 100.0

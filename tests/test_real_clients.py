@@ -9,12 +9,17 @@ import time
 import pytest
 import pyvisa
 
-from conftest import BENCHES
+from conftest import BENCHES, needs
 from lumion_hil.harness.config import load_bench
 from lumion_hil.instruments.emulators.bench import EmulatedBench
 
-pymeasure_thorlabs = pytest.importorskip("pymeasure.instruments.thorlabs")
-ThorlabsPM100 = pytest.importorskip("ThorlabsPM100").ThorlabsPM100
+try:
+    import pymeasure.instruments.thorlabs as pymeasure_thorlabs
+    from ThorlabsPM100 import ThorlabsPM100
+    CLIENTS = ""
+except ImportError as exc:
+    CLIENTS = f"the third-party clients are not installed ({exc}): scripts/setup installs them"
+pytestmark = needs("real-clients", not CLIENTS, CLIENTS)
 
 
 @pytest.fixture(scope="module")

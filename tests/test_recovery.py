@@ -288,6 +288,16 @@ def test_recovery_suite_passes_for_every_fault_on_a_served_bench(tmp_path, bench
                               "--run-record", str(record), "-q"], capture_output=True, text=True, env=env,
                              cwd=tmp_path, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:]
-    tests = [json.loads(line) for line in record.read_text().splitlines() if '"type": "test"' in line]
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    tests = [t for t in lines if t["type"] == "test"]
     outcomes = {t["test"].split("[")[-1].rstrip("]"): t["outcome"] for t in tests if "test_recovery_time[" in t["test"]}
     assert outcomes == {kind: "passed" for kind in CATALOGUE}
+    # A served world decides the bench's physics as an in-process one does: every figure of it is
+    # a model (confirming nothing published); the harness's and the controller's own are measured.
+    figures = [m for m in lines if m["type"] == "measurement"]
+    basis = {m["name"]: m["basis"] for m in figures}
+    assert basis["recovery_to_restart_lumion"] == basis["recovery_to_first_step"] == "model", basis
+    assert basis["controller_overhead_total"] == basis["protected_ports_untouched"] == "measured", basis
+    overhead = next(m for m in figures if m["name"] == "controller_overhead_total")
+    assert "switch commands the harness saw" in overhead["attrs"]["physics_from"], overhead  # no world in process
+    assert overhead["attrs"]["physics"]["light and lock"] > 0, overhead  # the agents' carrier stamps

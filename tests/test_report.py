@@ -19,13 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, needs
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ALLURE = ROOT / "node_modules" / ".bin" / "allure"
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or not ALLURE.exists(),
-    reason="needs Debian's chromium and the Allure CLI: `scripts/setup --report --browser` installs both")
+pytestmark = needs("browser", CHROMIUM is not None and ALLURE.exists(),
+                   "needs Debian's chromium and the Allure CLI: `scripts/setup --report --browser` installs both")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 

@@ -29,6 +29,7 @@ from lumion_hil.instruments.emulators.ring import Communicator, InitTimeout
 from lumion_hil.instruments.gpu_host import wire
 from lumion_hil.instruments.gpu_host.jobs import _parse_event, _parse_progress
 from lumion_hil.instruments.gpu_host.nccl import parse_runs
+from conftest import missing
 
 HOSTS = ("h0", "h1", "h2")
 CIRCUITS = {"c01": ("h0p1", "h1p0"), "c12": ("h1p1", "h2p0"), "c20": ("h2p1", "h0p0")}
@@ -100,11 +101,11 @@ class Rack:
 @pytest.fixture(scope="module")
 def rack():
     if sys.platform != "linux" or shutil.which("ip") is None:
-        pytest.skip("needs Linux and iproute2's ip")
+        missing("netns", "needs Linux and iproute2's ip")
     probe = f"lh-tr{secrets.token_hex(3)}-probe"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
-        pytest.skip(f"cannot make network namespaces here: {made.stderr.strip()}")
+        missing("netns", f"cannot make network namespaces here: {made.stderr.strip()}")
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     built = Rack()
     try:

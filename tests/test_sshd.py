@@ -22,9 +22,10 @@ from lumion_hil.instruments.emulators import sshd
 from lumion_hil.instruments.emulators.sshd import HostSshd, SshKeys, netns_pids
 from lumion_hil.instruments.protocols import InstrumentError
 
+from conftest import needs
+
 OK, WHY = sshd.available()
-if not OK:
-    pytest.skip(f"rack in a box over ssh: {WHY}", allow_module_level=True)
+pytestmark = needs("netns", OK, f"rack in a box over ssh: {WHY}")
 
 HOSTS = ("h0", "h1", "h2")
 LAUNCH = [sys.executable, "-m", "lumion_hil.instruments.emulators.launch"]

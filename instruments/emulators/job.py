@@ -87,6 +87,18 @@ class _Stall:
         return True
 
 
+def _since_launch_s() -> float:
+    """Seconds since this process was launched (its start time in /proc, to a clock tick); 0
+    where that cannot be read."""
+    try:
+        with open("/proc/self/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        started_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime: ticks since boot
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started_s)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--world", required=True)
@@ -112,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     timeout_s = args.nccl_timeout_s * scale
     peers = None if args.all_ranks_here else _Peers(world, f"{args.master_port}/{args.ranks}", len(ranks), args.rank,
                                                     timeout_s)
-    time.sleep(args.startup_time_s * scale)  # emulated process launch and communicator set-up
+    # The emulated launch and communicator set-up take the bench's start-up in all, counted from
+    # when this process was launched (the interpreter's own start is part of the launch).
+    time.sleep(max(0.0, args.startup_time_s * scale - _since_launch_s()))
     world.call("job_event", host=host, rank=args.rank, what="ready")
     if peers is not None and not peers.init():
         return 1
@@ -120,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
           f"nranks {len(ranks)} cudaDev 0 busId 17000 - Init COMPLETE", flush=True)
     stall = _Stall(args.rank, timeout_s)
     while True:  # a barrier: the first collective on the new communicator
+        looked_ns = time.monotonic_ns()  # the world's clock: a change after this wakes the wait below
         barrier = world.call("collective", collective="all_reduce", ranks=ranks, size_bytes=4, socket_ifname=ifname)
         if barrier["time_s"] is not None:
             break
@@ -128,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         if stall.expired(0, barrier.get("stalled")):
             return 1
-        world.call("wait_change", timeout_s=min(1.0, timeout_s))
+        world.call("wait_change", timeout_s=min(1.0, timeout_s), since_ns=looked_ns)
     if peers is not None and not peers.collective(0):
         return 1
     time.sleep(barrier["time_s"])
@@ -136,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"event": "collective", "op": "barrier", "rank": args.rank}), flush=True)
     step = 0
     while step < args.steps:
+        looked_ns = time.monotonic_ns()
         cost = world.call("job_step", ranks=ranks, rank=args.rank, gradient_bytes=args.gradient_bytes,
                           compute_time_s=args.compute_time_s, socket_ifname=ifname)
         if cost["failed"]:
@@ -144,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         if cost["step_time_s"] is None:  # a collective waiting on a failed peer or a link
             if stall.expired(step + 1, cost.get("stalled")):
                 return 1
-            world.call("wait_change", timeout_s=min(1.0, timeout_s))
+            world.call("wait_change", timeout_s=min(1.0, timeout_s), since_ns=looked_ns)
             continue
         stall.since = None
         if peers is not None and not peers.collective(step + 1):  # every rank in this step's all-reduce

@@ -63,6 +63,8 @@ class NetnsBench(EmulatedBench):
 
     kind = "netns"
     real_traffic = True  # real sockets, queues, bridges and tbf
+    shaped_by = ("the link rates and oversubscribed uplinks the bench file sets, as tbf queues on the rack's veths: "
+                 "measured through real sockets, but set by the harness")
 
     def __init__(self, bench: Any):
         super().__init__(bench)

@@ -50,6 +50,7 @@ import os
 import queue
 import re
 import secrets
+import select
 import signal
 import socket
 import subprocess
@@ -511,6 +512,47 @@ def _process_start(pid: int) -> int | None:
     return int(fields[19])
 
 
+def _alive(pid: int, start: int | None) -> bool:
+    """Whether the process that had ``pid`` (and started at ``start``, where known) still runs."""
+    now = _process_start(pid)
+    return now is not None and (start is None or now == start)
+
+
+def _wait_exit(pid: int, timeout_s: float) -> None:
+    """Until the process ends (woken by its exit, through a pidfd), at most ``timeout_s``."""
+    if timeout_s <= 0:
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return
+    try:
+        select.select([fd], [], [], timeout_s)
+    finally:
+        os.close(fd)
+
+
+def _run_wrapper() -> int | None:
+    """The pid of the `lumion-hil run` this process runs under (its LUMION_HIL_RUN), if any."""
+    run = os.environ.get("LUMION_HIL_RUN", "")
+    head = run.split("-", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _rack_states(state_dir: str, prefix: str) -> list[dict]:
+    """The state files of the racks under ``prefix``, as read."""
+    states = []
+    for path in sorted(Path(state_dir).glob("*.json")) if Path(state_dir).is_dir() else []:
+        try:
+            state = json.loads(path.read_text())
+            state["owner_pid"] = int(state["owner_pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(state.get("prefix"), str) and state["prefix"].startswith(prefix):
+            states.append(state)
+    return states
+
+
 # -- the rack ------------------------------------------------------------------------------------
 
 
@@ -688,7 +730,9 @@ class Rack:
             os.close(fd)
 
     def _write_state(self) -> None:
+        run = _run_wrapper()  # the `lumion-hil run` this rack's owner runs under, if any
         state = {"prefix": self.prefix, "owner_pid": os.getpid(), "owner_start": _process_start(os.getpid()),
+                 "run_pid": run, "run_start": _process_start(run) if run else None,
                  "netns": self.namespaces, "links": [self.root_link],
                  "mgmt_net": str(self.mgmt_net) if self.mgmt_net else None,
                  "hosts": [h.name for h in self.spec.hosts]}
@@ -1076,6 +1120,37 @@ class Rack:
         if not ok:
             raise RackUnavailable(why)
         return _destroy(prefix, [], [])
+
+    @staticmethod
+    def restore_after_killed_runs(state_dir: str = STATE_DIR, prefix: str = "lh-",
+                                  wait_s: float = 60.0) -> tuple[list[str], dict[str, list[str]]]:
+        """What ``bench restore`` does on this machine after a run was killed. A rack whose run's
+        wrapper died while its owner lives is being torn down by that owner (sent SIGTERM on its
+        wrapper's death, it stops at a safe point): wait for the owner to end, at most ``wait_s``.
+        Then tear down every rack whose owner is dead, and everything under ``prefix`` that no
+        live rack owns, and wait for the processes killed to be gone. Returns (what it removed,
+        what is still there that no live run owns: namespaces, links, processes)."""
+        deadline = time.monotonic() + wait_s
+        for state in _rack_states(state_dir, prefix):
+            if _alive(state["owner_pid"], state.get("owner_start")) and state.get("run_pid") \
+                    and not _alive(state["run_pid"], state.get("run_start")):
+                _wait_exit(state["owner_pid"], deadline - time.monotonic())
+        removed = Rack.clean_up_stale(state_dir, prefix)
+        live = [s["prefix"] for s in _rack_states(state_dir, prefix) if _alive(s["owner_pid"], s.get("owner_start"))]
+
+        def orphans() -> dict[str, list[str]]:
+            found = Rack.leftovers(prefix)
+            return {kind: [x for x in names if not any(f" {p}-" in f" {x}" or x.startswith(p + "-") for p in live)]
+                    for kind, names in found.items()}
+
+        for name in orphans()["netns"] + orphans()["links"]:
+            rack_prefix = name.rsplit("-", 1)[0]
+            if _PREFIX.match(rack_prefix) and rack_prefix not in live:
+                removed += _destroy(rack_prefix, [], [])
+        settle = time.monotonic() + 5.0
+        while any(orphans().values()) and time.monotonic() < settle:
+            time.sleep(0.05)  # killed: each process is gone once the kernel has reaped it
+        return removed, orphans()
 
     @staticmethod
     def clean_up_stale(state_dir: str = STATE_DIR, prefix: str = "lh-") -> list[str]:

@@ -38,6 +38,7 @@ class Circuit:
     commanded_ns: int
     lit_ns: int  # when the beam settles and light passes
     removed_ns: int | None = None
+    moving_ns: int | None = None  # when its own beam began to move (after the beams queued before it)
 
     def live_at(self, t_ns: int) -> bool:
         """Configured at t (switching or lit)."""
@@ -184,6 +185,7 @@ class World:
         # receiving port: answers computed from a port's history stay good until its version
         # moves, or until the next instant already planned for it.
         self._light_version = 0
+        self._changed_ns = 0  # when anything last changed by a command, a fault or a job's report
         self._port_versions: dict[int, int] = {}
         self._since_cache: dict[int, tuple] = {}
         self._transitions: dict[tuple[str, str], tuple[int, list]] = {}
@@ -199,10 +201,15 @@ class World:
         worked something out at one version knows whether it may still hold."""
         return self._light_version
 
+    def _notify(self) -> None:
+        """Wake every wait for a change (under the lock)."""
+        self._changed_ns = self.now_ns()
+        self.changed.notify_all()
+
     def record(self, t_ns: int, kind: str, subject: str, **detail) -> None:
         with self.lock:
             self.events.append(WorldEvent(t_ns, kind, subject, detail))
-            self.changed.notify_all()
+            self._notify()
 
     def events_of(self, kind: str, subject: str | None = None) -> list[WorldEvent]:
         with self.lock:
@@ -260,8 +267,9 @@ class World:
             self.record(t, "switch.command", "connect", pairs=new)
             lit = start
             for ingress, egress in new:
+                moving = lit
                 lit += self._switching_ns(ingress, egress)
-                circuit = Circuit(ingress, egress, t, lit)
+                circuit = Circuit(ingress, egress, t, lit, moving_ns=moving)
                 self.circuits.append(circuit)
                 self._touch(egress)
                 self._by_egress.setdefault(egress, []).append(circuit)
@@ -272,7 +280,7 @@ class World:
                                                {"ingress": ingress, "egress": egress}))
                 self._busy_until_ns = lit
                 self._note_protected(t, ingress, egress)
-            self.changed.notify_all()
+            self._notify()
             return max(self._busy_until_ns, t)
 
     def _switching_ns(self, ingress: int, egress: int) -> int:
@@ -529,7 +537,7 @@ class World:
                                                                   "uuid": gpu.uuid})
             self.events.append(event)
             self.gpu_events.append(event)
-            self.changed.notify_all()
+            self._notify()
             return event
 
     def repair_gpu(self, host: str, index: int = 0) -> None:
@@ -732,8 +740,25 @@ class World:
         return collective_cost(collective, ranks, size_bytes, net, step_latency_us=settings.step_latency_us.value,
                                rings=settings.rings)
 
-    def wait_for_change(self, timeout_s: float) -> None:
+    def next_change_ns(self, t_ns: int | None = None) -> int | None:
+        """The next instant the world changes on its own, with no command: a beam settling, a
+        link locking, coming up or flapping."""
+        t = self.now_ns() if t_ns is None else t_ns
+        instants = [self.next_link_change_ns(h.name, n.name, t) for h, n in self.bench.nic_ports()]
+        return min((x for x in instants if x is not None), default=None)
+
+    def wait_for_change(self, timeout_s: float, since_ns: int | None = None) -> None:
+        """Until something changes: a command, a fault, or a change the world makes on its own
+        (woken at its instant, not at the timeout). ``since_ns``: when the caller last looked;
+        a change since then, one it may have missed, ends the wait at once."""
         with self.lock:
+            now = self.now_ns()
+            since = now if since_ns is None else since_ns
+            nxt = self.next_change_ns(since)
+            if self._changed_ns > since or (nxt is not None and nxt <= now):
+                return
+            if nxt is not None:
+                timeout_s = min(timeout_s, max(0.0, (nxt - now) / 1e9) + 5e-5)
             self.changed.wait(timeout_s)
 
     # -- the migration baseline: a checkpoint copied to a reserved rack outside the fabric ------

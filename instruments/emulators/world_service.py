@@ -184,8 +184,8 @@ class WorldService:
         """An emulated rank enters collective ``seq``: done once every rank has entered it."""
         return self.comms.enter(int(comm), int(rank), int(seq), float(wait_s))
 
-    def rpc_wait_change(self, timeout_s: float) -> None:
-        self.world.wait_for_change(timeout_s)
+    def rpc_wait_change(self, timeout_s: float, since_ns: int | None = None) -> None:
+        self.world.wait_for_change(timeout_s, since_ns)
 
     # -- faults, for a harness driving a served bench (what a lab makes with its hands) ----------
 
