@@ -158,7 +158,7 @@ def test_the_patch_for_swapped_fibres_makes_the_recovery_suite_pass_where_the_fi
                     "-k", "test_recovery_time and gpu_failure", "-x", "-q",
                     env={**os.environ, "LUMION_HIL_LOCK_DIR": str(tmp_path)}, timeout=600)
 
-    with serve_bench(DEFAULT, tmp_path, 0.1, "--defect", "swapped_fibres=host1.p0,host3.p0") as (bench_out, _, _):
+    with serve_bench(DEFAULT, tmp_path, 0.2, "--defect", "swapped_fibres=host1.p0,host3.p0") as (bench_out, _, _):
         before = recovery(bench_out)
         assert before.returncode == 1, before.stdout[-3000:] + before.stderr[-2000:]
         assert "no path from host1 to host2" in before.stdout  # the ring's fibres are another host's
