@@ -307,6 +307,8 @@ class DataPlane:
             self.rack.part(*sorted(pair))
         for pair in pairs - self.joined:
             self.rack.join(*sorted(pair))
+        if pairs != self.joined:  # the hosts' routes to each other's fabric address follow the circuits
+            self.rack.set_fabric_routes(pairs)
         self.joined = set(pairs)
         self._set_carriers({nic: up for nic, up in carrier.items() if up})
 
