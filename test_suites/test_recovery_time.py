@@ -17,22 +17,28 @@ from lumion_hil.harness import limits
 from lumion_hil.harness.faults import CATALOGUE, Fault, Injector
 from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.published import about_at_most, upper_limit
-from lumion_hil.harness.recovery import (LightProbe, LinkWatch, NotRestarted, controller_overhead, ground_truth,
-                                        migrate_to_reserved_rack, observe_restart, recover_from, switch_commands)
+from lumion_hil.harness.recovery import (LightProbe, LinkWatch, NotRestarted, checkpoint_saved_before,
+                                        controller_overhead, ground_truth, job_phases, migrate_to_reserved_rack,
+                                        observe_restart, recover_from, switch_commands)
 from lumion_hil.reports.plots import close, recovery_figure
 
 pytestmark = allure.feature("recovery")
 
 
 @pytest.fixture
-def running_job(session, bench_file, gpu_hosts):
-    """The bench's job running healthy on its ranks, from the baseline; put back afterwards."""
+def running_job(session, bench_file, gpu_hosts, record_note):
+    """The bench's job running healthy on its ranks, from the baseline (and, for a job that
+    checkpoints, past its first checkpoint); put back afterwards."""
     if bench_file.job is None:
         pytest.skip("the bench file has no job section")
     ranks = list(bench_file.job.ranks)
+    record_note("job", kind=session.job_kind())
     session.fresh_job(ranks)
     status = gpu_hosts[ranks[0]].wait_step(1, bench_file.waits.recovery_s)
     assert status["reached"], f"the job did not start healthy on {ranks}: {status.get('last_lines')}"
+    if gpu_hosts[ranks[0]].job_events("checkpoint_loaded"):  # a job that checkpoints: let it save one first
+        saved = gpu_hosts[ranks[0]].wait_job_event("checkpoint_saved", bench_file.waits.recovery_s)
+        assert saved["event"], f"the job on {ranks} saved no checkpoint: {saved.get('last_lines')}"
     yield ranks
     session.stop_job()
     session.restore_baseline()
@@ -131,9 +137,33 @@ def judge_the_report(fault, restart, result, measure):
             1.0 if result.phases else 0.0, phases=sorted(result.phases))
 
 
+def judge_the_job_phases(session, fault_ns, restart, saved, measure):
+    """The restarted job's start as it printed it (harness/recovery.py job_phases): each phase
+    from the fault to its last rank, in the order a start goes; and the checkpoint it loaded,
+    no older than the newest it had saved before the fault."""
+    phases = job_phases(session, restart)
+    for phase in phases:
+        measure(Spec(f"job_{phase.name}", "s", description=f"fault to the job's {phase.name.replace('_', ' ')} on its "
+                     "last rank, as the job printed it and its agent saw it"), (phase.t_ns - fault_ns) / 1e9,
+                by_rank_s={h: (t - fault_ns) / 1e9 for h, t in phase.by_rank_ns.items()}, **phase.detail,
+                job=session.job_kind())
+    ordered = [p for p in phases if p.ordered]
+    instants = [p.t_ns for p in ordered]
+    measure(Spec("job_phases_in_order", "ok", category="job", description="1: processes started, rendezvous, "
+                 "communicator ready, checkpoint loaded and first step came in that order").at_least(
+        1, "the job interface: a start goes through its phases in order").with_marginal(0.0),
+        1.0 if instants == sorted(instants) else 0.0, phases=[p.name for p in ordered])
+    loaded = next((p.detail.get("step") for p in phases if p.name == "checkpoint_loaded"), None)
+    if saved is not None:
+        measure(Spec("checkpoint_step_loaded", "step", category="job", description="the step of the checkpoint the "
+                     "restarted job loaded").at_least(saved, "the job resumes from the newest checkpoint saved before "
+                                                      "the fault").with_marginal(0.0), loaded, saved_before=saved)
+
+
 @allure.title("recovery from {fault_kind}")
 @pytest.mark.parametrize("fault_kind", list(CATALOGUE))
 def test_recovery_time(session, bench_file, running_job, fault_kind, measure, timeline):
+    saved = checkpoint_saved_before(session, running_job[0])
     recovery = _recover(session, bench_file, running_job, fault_kind)
     fault, fault_ns, result = recovery.fault, recovery.fault_ns, recovery.result
     _attach(bench_file, fault, fault_ns, result, recovery.probe)
@@ -160,11 +190,14 @@ def test_recovery_time(session, bench_file, running_job, fault_kind, measure, ti
     measure(upper_limit("recovery_to_restart", "morphlux.rewire_and_restart_s", overrides, fraction, scale, software),
             restart_s, fault=fault.describe(), until="every rank's process started")
     measure(about_at_most("recovery_to_restart_lumion", "lumion.swap_and_restart_s", overrides,
-                          bench_file.limits.about_tolerance.value, fraction, scale, software),
+                          bench_file.limits.about_tolerance.value, fraction, scale, software)
+            .not_comparable_because(session.backend.not_comparable("job")),
             (restart.running_ns - fault_ns) / 1e9, fault=fault.describe(), until=restart.running_from,
-            processes_started_s=restart_s)
-    measure(upper_limit("recovery_to_first_step", "morphlux.first_step_s", overrides, fraction, scale, software), total_s,
-            fault=fault.describe(), uncertainty_s=uncertainty_ns / 1e9)
+            processes_started_s=restart_s, job=session.job_kind())
+    measure(upper_limit("recovery_to_first_step", "morphlux.first_step_s", overrides, fraction, scale, software)
+            .not_comparable_because(session.backend.not_comparable("job")), total_s,
+            fault=fault.describe(), uncertainty_s=uncertainty_ns / 1e9, job=session.job_kind())
+    judge_the_job_phases(session, fault_ns, restart, saved, measure)
     for phase in PHASES:
         if phase in result.phases:
             measure(Spec(f"phase_{phase}", "s", description=f"recovery phase {phase}, as the controller reports it"),
