@@ -528,3 +528,23 @@ def checkpoint_saved_before(session, host: str) -> int | None:
     none, or a job that says nothing of checkpoints)."""
     saved = session.hosts[host].job_events("checkpoint_saved")
     return max(int(e.get("step", 0)) for e in saved) if saved else None
+
+
+def job_last_words(session, hosts: list[str], within_s: float) -> dict[str, list[str]]:
+    """What the job said on each of ``hosts`` as it failed, once its process there has ended
+    (waiting at most ``within_s`` for each, all at once: the framework's own timeouts take
+    their time): its error lines where the agent kept some, else its last lines. A host whose
+    job still runs at the end says so."""
+    words: dict[str, list[str]] = {}
+
+    def listen(host: str) -> None:
+        status = session.hosts[host].wait_step(10**12, within_s)
+        lines = status.get("error_lines") or status.get("last_lines") or []
+        words[host] = (["(still running)"] if status.get("running") else []) + list(lines)
+
+    threads = [threading.Thread(target=listen, args=(h,), daemon=True) for h in hosts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(within_s + session.bench.waits.opc_s)
+    return {h: words.get(h, ["(no answer from its agent)"]) for h in hosts}

@@ -18,8 +18,8 @@ from lumion_hil.harness.faults import CATALOGUE, Fault, Injector
 from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.published import about_at_most, upper_limit
 from lumion_hil.harness.recovery import (LightProbe, LinkWatch, NotRestarted, checkpoint_saved_before,
-                                        controller_overhead, ground_truth, job_phases, migrate_to_reserved_rack,
-                                        observe_restart, recover_from, switch_commands)
+                                        controller_overhead, ground_truth, job_last_words, job_phases,
+                                        migrate_to_reserved_rack, observe_restart, recover_from, switch_commands)
 from lumion_hil.reports.plots import close, recovery_figure
 
 pytestmark = allure.feature("recovery")
@@ -139,8 +139,9 @@ def judge_the_report(fault, restart, result, measure):
 
 def judge_the_job_phases(session, fault_ns, restart, saved, measure):
     """The restarted job's start as it printed it (harness/recovery.py job_phases): each phase
-    from the fault to its last rank, in the order a start goes; and the checkpoint it loaded,
-    no older than the newest it had saved before the fault."""
+    from the fault to its last rank; for a job that checkpoints (``saved``: the newest step it
+    said it saved before the fault), that they came in the order a start goes, and that the
+    checkpoint it loaded is no older."""
     phases = job_phases(session, restart)
     for phase in phases:
         measure(Spec(f"job_{phase.name}", "s", description=f"fault to the job's {phase.name.replace('_', ' ')} on its "
@@ -149,20 +150,21 @@ def judge_the_job_phases(session, fault_ns, restart, saved, measure):
                 job=session.job_kind())
     ordered = [p for p in phases if p.ordered]
     instants = [p.t_ns for p in ordered]
+    if saved is None:
+        return  # a job that says nothing of checkpoints (the emulated ones): its phases are recorded
     measure(Spec("job_phases_in_order", "ok", category="job", description="1: processes started, rendezvous, "
                  "communicator ready, checkpoint loaded and first step came in that order").at_least(
         1, "the job interface: a start goes through its phases in order").with_marginal(0.0),
         1.0 if instants == sorted(instants) else 0.0, phases=[p.name for p in ordered])
     loaded = next((p.detail.get("step") for p in phases if p.name == "checkpoint_loaded"), None)
-    if saved is not None:
-        measure(Spec("checkpoint_step_loaded", "step", category="job", description="the step of the checkpoint the "
-                     "restarted job loaded").at_least(saved, "the job resumes from the newest checkpoint saved before "
-                                                      "the fault").with_marginal(0.0), loaded, saved_before=saved)
+    measure(Spec("checkpoint_step_loaded", "step", category="job", description="the step of the checkpoint the "
+                 "restarted job loaded").at_least(saved, "the job resumes from the newest checkpoint saved before "
+                                                  "the fault").with_marginal(0.0), loaded, saved_before=saved)
 
 
 @allure.title("recovery from {fault_kind}")
 @pytest.mark.parametrize("fault_kind", list(CATALOGUE))
-def test_recovery_time(session, bench_file, running_job, fault_kind, measure, timeline):
+def test_recovery_time(session, bench_file, running_job, fault_kind, measure, timeline, record_note):
     saved = checkpoint_saved_before(session, running_job[0])
     recovery = _recover(session, bench_file, running_job, fault_kind)
     fault, fault_ns, result = recovery.fault, recovery.fault_ns, recovery.result
@@ -170,7 +172,13 @@ def test_recovery_time(session, bench_file, running_job, fault_kind, measure, ti
     allure.dynamic.description(f"{fault.describe()}: {result.status}. {result.reason}")
     if result.status != "recovered":
         allure_glue.label_cause("controller error")
-    assert result.status == "recovered", f"{fault.describe()}: {result.status}: {result.reason}"
+        # The job's own words on every rank of the new map, once the framework has given up
+        # (its timeouts: the job's NCCL timeout, scaled, and a little more).
+        hosts = list(result.plan.ranks_after) if result.plan else running_job
+        words = job_last_words(session, hosts, bench_file.job.nccl_timeout_s * bench_file.time_scale + 5.0)
+        record_note("job's last words", fault=fault.describe(), status=result.status, words=words)
+        said = "; ".join(f"{h}: {' | '.join(w[-2:])}" for h, w in words.items())
+        raise AssertionError(f"{fault.describe()}: {result.status}: {result.reason}. The job said: {said}")
 
     try:
         restart = observe_restart(session, fault_ns)
