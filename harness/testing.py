@@ -134,8 +134,8 @@ def LeadOnlyRestartController(session, ranks):
 
 def _kill_a_follower(session, ranks: list[str]) -> None:
     session.start_job(ranks)
-    if len(ranks) > 1:  # the bug: a follower's process is killed as the job starts (SIGTERM, then SIGKILL at once)
-        session.hosts[ranks[-1]].stop_job(timeout_s=0.0)
+    if len(ranks) > 1:  # the bug: a follower's process is killed as the job starts (SIGTERM; SIGKILL after 1 s)
+        session.hosts[ranks[-1]].stop_job(timeout_s=1.0)
 
 
 def FollowerKilledAfterRestartController(session, ranks):

@@ -175,7 +175,7 @@ def test_recovery_time(session, bench_file, running_job, fault_kind, measure, ti
         # The job's own words on every rank of the new map, once the framework has given up
         # (its timeouts: the job's NCCL timeout, scaled, and a little more).
         hosts = list(result.plan.ranks_after) if result.plan else running_job
-        words = job_last_words(session, hosts, bench_file.job.nccl_timeout_s * bench_file.time_scale + 5.0)
+        words = job_last_words(session, hosts, bench_file.job.nccl_timeout_s * bench_file.time_scale + 10.0)
         record_note("job's last words", fault=fault.describe(), status=result.status, words=words)
         said = "; ".join(f"{h}: {' | '.join(w[-2:])}" for h, w in words.items())
         raise AssertionError(f"{fault.describe()}: {result.status}: {result.reason}. The job said: {said}")
