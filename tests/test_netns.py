@@ -141,7 +141,7 @@ def test_lead_only_restart_fails_at_torchruns_rendezvous_timeout():
     assert result.status == "failed", result
     assert re.search(r"DistStoreError: Timed out after \d+ seconds waiting for clients. 1/3 clients joined", result.reason), \
         result
-    assert any("DistStoreError" in line for line in words["host3"]), words
+    assert any("DistStoreError" in line for line in words[result.plan.ranks_after[0]]), words
 
 
 def test_a_follower_killed_after_the_restart_fails_the_others_through_the_framework():
