@@ -451,7 +451,7 @@ class NetnsSettings(_Model):
     collectives: list[Literal["ring", "gloo", "mpi"]] = Field(
         ["ring"], min_length=1, description="the libraries the collective-bandwidth suite measures with, each "
         "printing nccl-tests' output: ring (lumion-hil's ring, ring_perf.py, launched over ssh), gloo "
-        "(torch.distributed, launched by torchrun on every host), mpi (mpi4py's Allreduce on Open MPI, launched "
+        "(torch.distributed, launched over ssh on every host), mpi (mpi4py's Allreduce on Open MPI, launched "
         "by mpirun with a host file)")
 
 

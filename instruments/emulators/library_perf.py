@@ -3,16 +3,17 @@ the sweep, timing, checking and output of ring_perf.py (nccl-tests 2.17's text a
 JSON, for the same parser), each all-reduce made by
 
 - ``--library gloo``: ``torch.distributed.all_reduce`` on the gloo backend, one process per
-  host started by torchrun (``--torchrun``: this program on each host execs torchrun, which
-  starts it again as the worker), its rendezvous torchrun's static one on the management
-  network, its data over the interface GLOO_SOCKET_IFNAME names;
+  host started by the rack's ssh launcher (launch.py, as ``mpirun -H`` would), its rendezvous
+  a TCPStore at rank 0's host on the management network (``LUMION_HIL_MASTER``), its data over
+  the interface GLOO_SOCKET_IFNAME names (torchrun is the PyTorch job's launcher, torch_job.py:
+  here it would only add a second ``import torch`` on every host);
 - ``--library mpi``: mpi4py's ``Allreduce`` on Open MPI, every rank started by ``mpirun`` with
   a host file (as Morphlux relaunches its job), its data over the interfaces
   OMPI_MCA_btl_tcp_if_include names.
 
-Environment, as for ring_perf.py: ``LUMION_HIL_RANKS`` (the hosts, rank 0 first); for
-``--torchrun``, ``LUMION_HIL_RANK`` and ``LUMION_HIL_MASTER`` (ADDR:PORT of the rendezvous);
-``LUMION_HIL_TIMEOUT_S`` (the library's timeout, default 300). Out of place is a copy into the
+Environment, as for ring_perf.py: ``LUMION_HIL_RANKS`` (the hosts, rank 0 first); for gloo,
+``LUMION_HIL_RANK`` and ``LUMION_HIL_MASTER`` (ADDR:PORT of the rendezvous), as the launcher
+sets them; ``LUMION_HIL_TIMEOUT_S`` (the library's timeout, default 300). Out of place is a copy into the
 output buffer and the library's in-place all-reduce for gloo (torch.distributed has no
 out-of-place all-reduce), MPI's own out-of-place Allreduce for mpi. Only ``all_reduce_perf``:
 the other programs are refused.
@@ -39,15 +40,19 @@ class TorchComm:
     """torch.distributed (gloo) with the calls ring_perf's sweep makes."""
 
     def __init__(self, hosts: list[str], timeout_s: float):
+        rank = os.environ.get("LUMION_HIL_RANK", "")
+        address, _, port = os.environ.get("LUMION_HIL_MASTER", "").rpartition(":")
+        if not rank.isdigit() or int(rank) >= len(hosts) or not address or not port.isdigit():
+            raise ValueError("LUMION_HIL_RANK (a rank of LUMION_HIL_RANKS) and LUMION_HIL_MASTER (ADDR:PORT) are set "
+                             "by the launcher")
         import torch
         import torch.distributed as dist
 
         self.torch, self.dist = torch, dist
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group("gloo", init_method=f"tcp://{address}:{port}", rank=int(rank), world_size=len(hosts),
+                                timeout=datetime.timedelta(seconds=timeout_s))
         self.rank, self.nranks = dist.get_rank(), dist.get_world_size()
-        if self.nranks != len(hosts):
-            raise RuntimeError(f"torchrun started {self.nranks} ranks; LUMION_HIL_RANKS names {len(hosts)} hosts")
         gathered: list = [None] * self.nranks
         dist.all_gather_object(gathered, os.getpid())
         ifname = os.environ.get("GLOO_SOCKET_IFNAME", "(gloo's choice)")
@@ -110,31 +115,11 @@ def _average(out: np.ndarray, op: str, n: int) -> np.ndarray:
     return out
 
 
-def _torchrun(library_argv: list[str]) -> int:
-    """On each host: exec torchrun, one node of the job, this host's rank its node rank."""
-    rank, size = os.environ.get("LUMION_HIL_RANK", ""), os.environ.get("LUMION_HIL_WORLD_SIZE", "")
-    address, _, port = os.environ.get("LUMION_HIL_MASTER", "").rpartition(":")
-    if not rank.isdigit() or not size.isdigit() or not address or not port.isdigit():
-        print("library_perf --torchrun: LUMION_HIL_RANK, LUMION_HIL_WORLD_SIZE and LUMION_HIL_MASTER (ADDR:PORT) "
-              "are set by the launcher", file=sys.stderr)
-        return 2
-    timeout = os.environ.get("LUMION_HIL_TIMEOUT_S", "300")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", size, "--node-rank", rank,
-            "--nproc-per-node", "1", "--master-addr", address, "--master-port", port, "--max-restarts", "0",
-            "--rdzv-conf", f"timeout={int(float(timeout))}", "-m", "lumion_hil.instruments.emulators.library_perf",
-            *library_argv]
-    os.execv(argv[0], argv)
-    return 127  # not reached
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     front = argparse.ArgumentParser(add_help=False)
     front.add_argument("--library", choices=LIBRARIES, required=True)
-    front.add_argument("--torchrun", action="store_true")
     known, rest = front.parse_known_args(argv)
-    if known.torchrun:
-        return _torchrun(["--library", known.library, *rest])
     program = program_name(rest)
     if PROGRAMS.get(program) != "all_reduce":
         print(f"{program}: only all_reduce_perf is run with {known.library}", file=sys.stderr)
@@ -153,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the library's own error, as it words it
         print(f"{program}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
-    build = ("torch.distributed gloo, launched by torchrun: real bytes, no GPU" if known.library == "gloo" else
+    build = ("torch.distributed gloo, launched over ssh: real bytes, no GPU" if known.library == "gloo" else
              "mpi4py Allreduce on Open MPI, launched by mpirun: real bytes, no GPU")
     try:
         return ring_perf._sweep(comm, program, args, rest, build)

@@ -45,7 +45,7 @@ from lumion_hil.instruments.emulators.nccl_tests import PROGRAMS
 PERF_PORT_OFFSET = 1  # nccl-tests' rendezvous: the job's master port + 1, so both can run
 # The bandwidth tests' libraries (netns.collectives), as the run record describes them, and the
 # folder of each one's programs (nccl-tests' names) in the run folder.
-LIBRARIES = {"ring": "lumion-hil ring (ssh launcher)", "gloo": "torch.distributed gloo (torchrun)",
+LIBRARIES = {"ring": "lumion-hil ring (ssh launcher)", "gloo": "torch.distributed gloo (ssh launcher)",
                  "mpi": "Open MPI, mpi4py (mpirun)"}
 FOLDERS = {"ring": "nccl-tests", "gloo": "gloo-tests", "mpi": "mpi-tests"}
 
@@ -207,8 +207,9 @@ class NetnsBench(EmulatedBench):
                 "--node-rank", "{rank}",
                 "--nproc-per-node", "1", "--master-addr", "{master_addr}", "--master-port", "{master_port}",
                 "--max-restarts", "0", "--rdzv-conf", f"timeout={max(1, round(job.nccl_timeout_s * scale))}",
-                # SIGTERM is not torchrun's to handle: the agent's stop ends the whole process group at
-                # once, as a scheduler's kill does (torchrun's own forward, wait and report took 2.6 s)
+                # SIGTERM is not torchrun's to handle: the agent's stop ends it at once, as a scheduler's
+                # kill does, and its workers die with it (torch_job.py; torchrun's own forward, wait
+                # and report took 2.6 s, counted as the controller's)
                 "--signals-to-handle", "SIGINT",
                 "-m", "lumion_hil.instruments.emulators.torch_job", "--world", self.world_service.address,
                 "--ranks", ",".join(ranks),
@@ -445,7 +446,7 @@ def _nccl_tests(args) -> int:
     if args.library == "mpi":
         argv = _mpirun(rack_map, ranks, args)
     else:
-        program = (["-m", "lumion_hil.instruments.emulators.library_perf", "--library", "gloo", "--torchrun"]
+        program = (["-m", "lumion_hil.instruments.emulators.library_perf", "--library", "gloo"]
                    if args.library == "gloo" else ["-m", "lumion_hil.instruments.emulators.ring_perf"])
         argv = [rack_map["python"], "-m", "lumion_hil.instruments.emulators.launch", "--ssh-config",
                 rack_map["ssh_config"], "--hosts", ",".join(rack_map["hosts"][r] for r in ranks)]
@@ -466,6 +467,9 @@ def _mpirun(rack_map: dict, ranks: list[str], args) -> list[str]:
     return [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "-np", str(len(ranks)), "--hostfile", str(hostfile),
             "--mca", "plm_rsh_agent", f"ssh -F {rack_map['ssh_config']}", "--mca", "oob_tcp_if_include", "mgmt0",
             "--mca", "btl", "tcp,self", "--mca", "pml", "ob1",
+            # ranks that wait yield the core (Open MPI polls for progress: three ranks spinning on
+            # a 2-core machine starve the kernel's own work on the shaped links)
+            "--mca", "mpi_yield_when_idle", "1",
             "-x", f"LUMION_HIL_RANKS={','.join(ranks)}", "-x", "OMPI_MCA_btl_tcp_if_include", "-x", "OMP_NUM_THREADS=1",
             rack_map["python"], "-m", "lumion_hil.instruments.emulators.library_perf", "--library", "mpi",
             "--program", args.program, *args.rest]
@@ -480,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     tests.add_argument("--rack", required=True, help="the rack's map (rack.json in the run folder)")
     tests.add_argument("--program", required=True, choices=sorted(PROGRAMS))
     tests.add_argument("--library", choices=sorted(FOLDERS), default="ring",
-                       help="ring: lumion-hil's ring over ssh; gloo: torch.distributed under torchrun; mpi: mpi4py "
+                       help="ring: lumion-hil's ring over ssh; gloo: torch.distributed over ssh; mpi: mpi4py "
                        "on Open MPI under mpirun")
     args, rest = parser.parse_known_args(argv)
     args.rest = rest

@@ -44,7 +44,24 @@ def say(**fields) -> None:
     print(json.dumps(fields), flush=True)
 
 
+def die_with_the_launcher() -> None:
+    """torchrun starts its workers in sessions of their own: a stop that ends torchrun's process
+    group (the agent's) would leave them training. The kernel kills this worker when torchrun
+    goes (PR_SET_PDEATHSIG), as a lab's wrapper does with a scheduler's kill."""
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the launcher went before the request: go too
+        os._exit(1)
+
+
 RANK = int(os.environ.get("RANK", "0"))
+die_with_the_launcher()
 say(event="process_started", rank=RANK, pid=os.getpid())
 
 import argparse  # noqa: E402
