@@ -279,5 +279,10 @@ def test_migration_baseline_against_optical_recovery(session, bench_file, runnin
     migration_s = (migrated["first_step_ns"] - fault_ns) / 1e9
     measure(Spec("migration_to_first_step", "s", description="fault to first step after migrating the job"), migration_s)
     measure(Spec("optical_to_first_step", "s", description="fault to first step with the optical swap"), optical_s)
-    measure(Spec("migration_over_optical_recovery", "ratio").at_least(1.0, "LUMION: the fabric avoids migration"),
+    # The reserved rack runs the emulated job (its start-up a model): against a bench's real job
+    # restarted for real (the namespaced bench's PyTorch job) the two are not alike.
+    unlike = session.backend.not_comparable("job")
+    measure(Spec("migration_over_optical_recovery", "ratio").at_least(1.0, "LUMION: the fabric avoids migration")
+            .not_comparable_because(unlike and f"the migrated job is the emulated one (its start-up the bench file's "
+                                              f"startup_time_s), the optical recovery's {session.job_kind()}"),
             migration_s / optical_s)
