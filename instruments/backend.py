@@ -156,8 +156,9 @@ class BenchBackend(abc.ABC):
 
     def not_comparable(self, what: str) -> str | None:
         """Why this bench's figures of ``what`` cannot be judged against a published prototype's:
-        ``"job"`` (times that contain the job's start-up and steps) or a library of
-        :meth:`collective_libraries` (its bandwidth); None: they can."""
+        ``"job"`` (times that contain the job's start-up and steps), a library of
+        :meth:`collective_libraries` (its bandwidth), or ``"LIBRARY:model"`` (its figures
+        against the cost model's prediction); None: they can."""
         return None
 
     def scale_uplinks(self, factor: float) -> bool:
