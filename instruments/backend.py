@@ -151,7 +151,7 @@ class BenchBackend(abc.ABC):
 
     def collective_rings(self, library: str | None = None) -> int | None:
         """The rings the all-reduce of ``library`` (None: the job's) runs, for the cost model's
-        prediction; None: the bench file's ``collectives.rings`` (NCCL's)."""
+        prediction; None: the bench file's ``collectives.rings`` (NCCL's); 0: no ring the model describes."""
         return None
 
     def not_comparable(self, what: str) -> str | None:

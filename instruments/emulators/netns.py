@@ -174,7 +174,7 @@ class NetnsBench(EmulatedBench):
         if what == "gloo:model":
             return ("the cost model's ring pipelines its chunks; gloo's waits on each step of its ring, so the "
                     "electrical ring's deep shared-uplink queue costs it more than the model says (its electrical "
-                    "busbw 0.87-0.92 of the model's, the ratio 1.09-1.16 against 1.00, run to run)")
+                    "busbw 0.87-0.92 of the model's, the ratio 1.09-1.24 against 1.00 in three runs)")
         if what == "mpi:model":
             return ("the cost model's ring pipelines its chunks; Open MPI's ring all-reduce does not (its "
                     "electrical busbw in one rack 0.85 of gloo's and the model's, 0.0204 against 0.024 GB/s)")
