@@ -26,6 +26,7 @@ class Sweep:
     output: str
     started_ns: int
     ended_ns: int
+    library: str = "nccl-tests"  # which library and launcher produced it (the backend's name for them)
 
     @property
     def wall_s(self) -> float:
@@ -37,9 +38,12 @@ class Sweep:
 
 
 def run_sweep(session, collective: str, ranks: list[str], fabric: str = "optical",
-              sizes: tuple[int, int] | None = None) -> Sweep:
-    """Run ``<collective>_perf`` over ``ranks`` from the first rank's host and parse its output."""
-    argv, env = session.nccl_tests_command(collective, ranks, fabric, sizes)
+              sizes: tuple[int, int] | None = None, library: str | None = None) -> Sweep:
+    """Run ``<collective>_perf`` of ``library`` over ``ranks`` from the first rank's host and
+    parse its output (``library``: one of the backend's ``collective_libraries()``, None: its
+    first)."""
+    library = library or session.backend.collective_libraries()[0]
+    argv, env = session.nccl_tests_command(collective, ranks, fabric, sizes, library)
     timeout = session.bench.nccl_tests.timeout_s
     out = session.hosts[ranks[0]].run_nccl_tests(argv, timeout_s=timeout, env=env)
     source = f"{ranks[0]}: {' '.join(argv[:1])}"
@@ -50,7 +54,7 @@ def run_sweep(session, collective: str, ranks: list[str], fabric: str = "optical
                                 f"stderr: {out['stderr'][-500:]}") from None
     if len(runs) != 1:
         raise MeasurementFailed(f"{source}: {len(runs)} runs in one output; expected one")
-    return Sweep(collective, list(ranks), fabric, runs[0], out["stdout"], out["started_ns"], out["ended_ns"])
+    return Sweep(collective, list(ranks), fabric, runs[0], out["stdout"], out["started_ns"], out["ended_ns"], library)
 
 
 @dataclass

@@ -468,6 +468,16 @@ class NetnsSettings(_Model):
                               "machine keep up; the job's gradients are scaled the same, so a step lasts what the "
                               "bench file's rates say")
     user: str = Field("root", description="the user the harness logs in as on each host's sshd")
+    job: Literal["torch", "ring"] = Field("ring", description="the job the suites run here (without job.command): "
+                                          "torch, a PyTorch DDP job on gloo started by torchrun on every host, "
+                                          "with checkpoints on shared storage; ring, the light ring job "
+                                          "(ring_job.py), which the failure sequences keep for their restarts")
+    checkpoint_every: NonNegativeInt = Field(2, description="the PyTorch job's steps between checkpoints (0: none)")
+    collectives: list[Literal["ring", "gloo", "mpi"]] = Field(
+        ["ring"], min_length=1, description="the libraries the collective-bandwidth suite measures with, each "
+        "printing nccl-tests' output: ring (lumion-hil's ring, ring_perf.py, launched over ssh), gloo "
+        "(torch.distributed, launched over ssh on every host), mpi (mpi4py's Allreduce on Open MPI, launched "
+        "by mpirun with a host file)")
 
 
 class RecoverySettings(_Model):

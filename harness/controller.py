@@ -53,6 +53,12 @@ __all__ = ["PHASES", "Detection", "Phase", "Plan", "RecoveryController", "Recove
            "ReferenceController", "Status", "load_controller"]
 
 
+def _last_words(status: dict) -> str:
+    """What a job said as it failed: its error lines where the agent kept some (a launcher's
+    report may follow them), else its last two lines."""
+    return " | ".join(status.get("error_lines", [])[-2:] or status.get("last_lines", [])[-2:])
+
+
 def start_every_rank(session, ranks: list[str]) -> None:
     """The reference restart: every rank of the new map, on every host at once."""
     session.start_job(ranks)
@@ -211,11 +217,12 @@ class ReferenceController(RecoveryController):
                 plan = result.plan = fallback
                 self._apply(result, plan, record=False)
         with self.phases.phase(result, Phase.RESTART):
+            restart_from = self.timeline.clock()
             self._restart(plan.ranks_after)
             result.restarted_ns = self.timeline.clock()
         with self.phases.phase(result, Phase.FIRST_STEP) as marks:
             lead = self.session.hosts[plan.ranks_after[0]]
-            status = self._wait_first_step(plan.ranks_after, self.phases.left())
+            status = self._wait_first_step(plan.ranks_after, self.phases.left(), restart_from)
             result.first_step_ns = status["progress"]["t_ns"]
             result.first_step_uncertainty_ns = lead.clock.uncertainty_ns
             marks["end"] = result.first_step_ns
@@ -262,9 +269,11 @@ class ReferenceController(RecoveryController):
             self.session.stop_job()
         self.restart_job(self.session, ranks)
 
-    def _wait_first_step(self, ranks: list[str], timeout_s: float) -> dict:
-        """The lead rank's first step; a rank whose process exits first (its GPU lost as the job
-        started, say) ends the wait at once instead of at the deadline."""
+    def _wait_first_step(self, ranks: list[str], timeout_s: float, since_ns: int | None = None) -> dict:
+        """The lead rank's first step; a rank whose process started at the restart (after
+        ``since_ns``) and exits first (its GPU lost as the job started, say) ends the wait at
+        once instead of at the deadline. A host whose process predates the restart was not
+        restarted: what the job makes of its missing rank (a rendezvous that times out) decides."""
         done = threading.Event()
         outcome: dict = {}
 
@@ -278,6 +287,8 @@ class ReferenceController(RecoveryController):
             while not done.is_set() and time.monotonic() < until:
                 status = self.session.hosts[host].wait_step(10**12, min(WATCH_WINDOW_S, until - time.monotonic()))
                 if not status.get("running") and status.get("pid") is not None:
+                    if since_ns is not None and (self.session.hosts[host].job_status().get("started_ns") or 0) < since_ns:
+                        return  # not this restart's process
                     outcome.setdefault("exited", (host, status))
                     done.set()
                     return
@@ -291,12 +302,10 @@ class ReferenceController(RecoveryController):
             return outcome["lead"]
         if "exited" in outcome:
             host, status = outcome["exited"]
-            raise RecoveryError(f"the job exited on {host} before its first step on {ranks}: "
-                                f"{' | '.join(status.get('last_lines', [])[-2:])}")
+            raise RecoveryError(f"the job exited on {host} before its first step on {ranks}: {_last_words(status)}")
         status = outcome.get("lead", {})
         raise RecoveryError(f"the job did not complete a step on {ranks} "
-                            f"({'timed out' if status.get('timed_out', True) else 'it exited'}: "
-                            f"{' | '.join(status.get('last_lines', [])[-2:])})")
+                            f"({'timed out' if status.get('timed_out', True) else 'it exited'}: {_last_words(status)})")
 
     # -- verify ----------------------------------------------------------------------------------
 

@@ -189,6 +189,8 @@ CATALOGUE: dict[str, Defect] = {d.name: d for d in (
            _controller("NeverDegradedController"), device=False),
     Defect("lead_only_restart", "the controller restarts only the lead rank of the new rank map", None,
            _controller("LeadOnlyRestartController"), device=False),
+    Defect("follower_killed_after_restart", "a follower's process of the new rank map is killed as the job "
+           "restarts", None, _controller("FollowerKilledAfterRestartController"), device=False),
     Defect("no_phases", "the controller recovers and reports none of its phases", None,
            _controller("NoPhasesController"), device=False),
     Defect("wrong_failed_host", "the controller recovers and names another rank as the failed host", None,

@@ -30,6 +30,7 @@ class Verdict(str, enum.Enum):
     PASS = "pass"
     MARGINAL = "marginal"  # inside the limits, but closer to one than the bench's marginal band
     FAIL = "fail"
+    NOT_COMPARABLE = "not comparable"  # recorded beside a limit that does not apply to this bench (and why)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Spec:
     software: bool = False  # the figure is software time or the harness's own error: measured on any bench
     better: str | None = None  # "higher" or "lower": a recorded figure's good direction, for night-to-night regressions
     traffic: bool = False  # bytes moved over a fabric (nccl-tests): measured on a bench that moves real bytes
+    not_comparable: str = ""  # why this bench's figure cannot be judged against the limit (it is recorded beside it)
 
     def basis(self, emulated: bool, real_traffic: bool = False) -> Basis:
         """Measured on a real bench; on an emulated one, a figure its physics decides is a model,
@@ -83,7 +85,14 @@ class Spec:
     def with_marginal(self, fraction: float) -> "Spec":
         return replace(self, marginal_fraction=fraction)
 
+    def not_comparable_because(self, why: str | None) -> "Spec":
+        """The limit stays in the record beside the figure, and the verdict is "not comparable"
+        with ``why`` (None or empty: judged as usual)."""
+        return replace(self, not_comparable=why or "")
+
     def judge(self, value) -> Verdict:
+        if self.not_comparable:
+            return Verdict.NOT_COMPARABLE
         if isinstance(value, OutOfRange):
             # Below the meter's range satisfies an upper limit and nothing else; above, nothing.
             only_high = self.low is None and self.high is not None
@@ -132,8 +141,9 @@ class Measurement:
             shown = "invalid"
         else:
             shown = f"{self.value:.6g} {self.spec.unit}"
-        return (f"{self.spec.name} = {shown} ({self.basis.value}): {self.verdict.value} (limit {self.spec.limit_text()}"
-                f"{'; ' + self.spec.source if self.spec.source else ''})")
+        why = f": {self.spec.not_comparable}" if self.verdict is Verdict.NOT_COMPARABLE else ""
+        return (f"{self.spec.name} = {shown} ({self.basis.value}): {self.verdict.value}{why} (limit "
+                f"{self.spec.limit_text()}{'; ' + self.spec.source if self.spec.source else ''})")
 
     def to_dict(self) -> dict[str, Any]:
         out_of_range = self.value.direction if isinstance(self.value, OutOfRange) else None
@@ -150,6 +160,7 @@ class Measurement:
             "basis": self.basis.value,
             "cause": self.spec.cause(),
             **({"better": self.spec.better} if self.spec.better else {}),
+            **({"not_comparable": self.spec.not_comparable} if self.verdict is Verdict.NOT_COMPARABLE else {}),
             **({"published": self.spec.published_key, "published_value": self.spec.published_value}
                if self.spec.published_key else {}),
             **({"attrs": self.attrs} if self.attrs else {}),

@@ -67,25 +67,26 @@ def _why(bench: Bench, ranks: list[str], ratio: float) -> str:
             f"(predicted ratio {ratio:.2f})")
 
 
-def busbw_ratio(bench: Bench, size_bytes: int) -> Prediction | None:
-    """Optical over electrical all-reduce bus bandwidth at ``size_bytes`` after the swap."""
+def busbw_ratio(bench: Bench, size_bytes: int, rings: int | None = None) -> Prediction | None:
+    """Optical over electrical all-reduce bus bandwidth at ``size_bytes`` after the swap, for a
+    library that runs ``rings`` rings (None: the bench file's ``collectives.rings``)."""
     if bench.job is None or bench.electrical is None or len(bench.job.ranks) < 2:
         return None
     ranks = ranks_after_swap(bench)
-    kw = dict(step_latency_us=bench.collectives.step_latency_us.value, rings=bench.collectives.rings)
+    kw = dict(step_latency_us=bench.collectives.step_latency_us.value, rings=rings or bench.collectives.rings)
     optical = collective_cost("all_reduce", ranks, size_bytes, _optical(bench, ranks), **kw)
     electrical = collective_cost("all_reduce", ranks, size_bytes, _electrical(bench, ranks), **kw)
     ratio = electrical.time_s / optical.time_s
     return Prediction(ratio, _why(bench, ranks, ratio), tuple(ranks))
 
 
-def throughput_ratio(bench: Bench) -> Prediction | None:
+def throughput_ratio(bench: Bench, rings: int | None = None) -> Prediction | None:
     """Optical over electrical training throughput after the swap: the emulated job's step is
-    its compute plus a ring all-reduce of its gradients."""
+    its compute plus a ring all-reduce of its gradients (``rings``: as for :func:`busbw_ratio`)."""
     if bench.job is None or bench.electrical is None or len(bench.job.ranks) < 2:
         return None
     ranks, job = ranks_after_swap(bench), bench.job
-    kw = dict(step_latency_us=bench.collectives.step_latency_us.value, rings=bench.collectives.rings)
+    kw = dict(step_latency_us=bench.collectives.step_latency_us.value, rings=rings or bench.collectives.rings)
     size = int(job.gradient_bytes)
     optical = job.compute_time_s + collective_cost("all_reduce", ranks, size, _optical(bench, ranks), **kw).time_s
     electrical = job.compute_time_s + collective_cost("all_reduce", ranks, size, _electrical(bench, ranks), **kw).time_s

@@ -217,7 +217,8 @@ def observe_restart(session, fault_ns: int, world_size: int | None = None) -> Re
     if not firsts:
         raise NotRestarted(f"{ranks[0]} (rank 0) completed no first step after every rank of {ranks} had started")
     first_step_ns = min(firsts)
-    ready_ns = _every_rank(session, ranks, "nccl_init")
+    # NCCL's Init COMPLETE line, or a job's own communicator_ready (gloo says nothing of its own)
+    ready_ns = _every_rank(session, ranks, "nccl_init") or _every_rank(session, ranks, "communicator_ready")
     collective_ns = _every_rank(session, ranks, "collective")
     if collective_ns is not None:
         running_ns = max(collective_ns, ready_ns or collective_ns)
@@ -476,3 +477,74 @@ def recover_once(session, ranks: list[str], kinds: tuple[str, ...] = SWAP_FAULTS
     fault_ns, result = recover_from(controller, lambda: injector.inject(fault), lambda: injector.repair(fault),
                                     keep_fault=True)
     return injector, fault, fault_ns, result
+
+
+# The phases of a job's start after its processes started, each the instant its last rank
+# reached it, read from what the job prints (README, "One job interface"); the first event
+# named is the job's own, the later ones other jobs' words for the same thing (NCCL's Init
+# COMPLETE line). A start goes through them in this order.
+JOB_PHASES = (("rendezvous", ("rendezvous",)), ("communicator_ready", ("communicator_ready", "nccl_init")),
+              ("checkpoint_loaded", ("checkpoint_loaded",)))
+# Said beside them, in no fixed order: when a launcher's workers started (after its rendezvous
+# under torchrun, before their own elsewhere).
+JOB_EXTRAS = (("workers_started", ("process_started",)),)
+
+
+@dataclass
+class JobPhase:
+    name: str
+    t_ns: int  # when the last rank of the new rank map reached it (harness clock, as its agent saw it)
+    by_rank_ns: dict[str, int]  # host -> when its rank reached it
+    detail: dict = field(default_factory=dict)  # rank 0's event (the checkpoint's step, say)
+    ordered: bool = True  # one of the phases a start goes through in order (not an extra)
+
+
+def job_phases(session, restart: Restart) -> list[JobPhase]:
+    """The restarted job's own account of its start, rank by rank, from the agents: when each
+    host's process of the job was started (the agent starts the job's command: torchrun, say;
+    ``processes_started``), then each phase of :data:`JOB_PHASES` the job printed on every
+    rank, then rank 0's first step, and the :data:`JOB_EXTRAS` last. A phase not every rank
+    printed is left out (a job that prints none gives processes started and first step)."""
+    phases = [JobPhase("processes_started", restart.restarted_ns, dict(restart.started_ns))]
+    events = {host: session.hosts[host].job_events() for host in restart.ranks}
+    for name, names in JOB_PHASES + JOB_EXTRAS:
+        by_rank, lead = {}, None
+        for host in restart.ranks:
+            found = next((e for wanted in names for e in events[host] if e["event"] == wanted), None)
+            if found is not None:
+                by_rank[host] = found["t_ns"]
+                if host == restart.lead:
+                    lead = found
+        if len(by_rank) == len(restart.ranks):
+            phases.append(JobPhase(name, max(by_rank.values()), by_rank,
+                                   {k: v for k, v in (lead or {}).items() if k not in ("t_ns", "uncertainty_ns")},
+                                   ordered=(name, names) in JOB_PHASES))
+    first = JobPhase("first_step", restart.first_step_ns, {restart.lead: restart.first_step_ns})
+    return [p for p in phases if p.ordered] + [first] + [p for p in phases if not p.ordered]
+
+
+def checkpoint_saved_before(session, host: str) -> int | None:
+    """The step of the newest checkpoint the job running on ``host`` has said it saved (None:
+    none, or a job that says nothing of checkpoints)."""
+    saved = session.hosts[host].job_events("checkpoint_saved")
+    return max(int(e.get("step", 0)) for e in saved) if saved else None
+
+
+def job_last_words(session, hosts: list[str], within_s: float) -> dict[str, list[str]]:
+    """What the job said on each of ``hosts`` as it failed, once its process there has ended
+    (waiting at most ``within_s`` for each, all at once: the framework's own timeouts take
+    their time): its error lines where the agent kept some, else its last lines. A host whose
+    job still runs at the end says so."""
+    words: dict[str, list[str]] = {}
+
+    def listen(host: str) -> None:
+        status = session.hosts[host].wait_step(10**12, within_s)
+        lines = status.get("error_lines") or status.get("last_lines") or []
+        words[host] = (["(still running)"] if status.get("running") else []) + list(lines)
+
+    threads = [threading.Thread(target=listen, args=(h,), daemon=True) for h in hosts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(within_s + session.bench.waits.opc_s)
+    return {h: words.get(h, ["(no answer from its agent)"]) for h in hosts}

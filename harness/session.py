@@ -124,17 +124,33 @@ class BenchSession:
             return argv
         raise ValueError(f"bench {self.bench.name!r}: job.command is empty and its hosts are not emulated")
 
+    def use_light_job(self, light: bool = True) -> str:
+        """Run the backend's light job from here on where it has more than one (the failure
+        sequences restart the job hundreds of times); returns :meth:`job_kind`."""
+        self.backend.light_job = light
+        return self.job_kind()
+
+    def job_kind(self) -> str:
+        """What the job this session starts is, in words: the bench's own command, or the
+        backend's job (for the run record)."""
+        job = self.bench.job
+        if job is not None and job.command:
+            return f"the bench's job.command ({' '.join(job.command[:3])} ...)"
+        return self.backend.job_kind(job)
+
     def fabric_env(self, host_name: str, fabric: str = "optical") -> dict[str, str]:
         """How a job or nccl-tests on this host is told which network to use, as NCCL is:
         NCCL_SOCKET_IFNAME names the host's optical NICs, or the electrical rack's interface."""
         if fabric == "electrical":
             if self.bench.electrical is None:
                 raise ValueError(f"bench {self.bench.name!r} has no electrical section: no electrical rack to run on")
-            return {"NCCL_SOCKET_IFNAME": self.bench.electrical.interface}
+            return {"NCCL_SOCKET_IFNAME": self.bench.electrical.interface,
+                    **self.backend.fabric_env(self.bench.host(host_name), fabric)}
         if fabric != "optical":
             raise ValueError(f"unknown fabric {fabric!r}: optical or electrical")
         host = self.bench.host(host_name)
-        return {"NCCL_SOCKET_IFNAME": ",".join(n.interface or n.name for n in host.nics)}
+        return {"NCCL_SOCKET_IFNAME": ",".join(n.interface or n.name for n in host.nics),
+                **self.backend.fabric_env(host, fabric)}
 
     def start_job(self, ranks: list[str], fabric: str = "optical", only: list[str] | None = None) -> dict[str, dict]:
         """Start every rank of the job on its host (rank 0 is the master), on the optical
@@ -161,13 +177,16 @@ class BenchSession:
         return self.start_job(ranks, fabric)
 
     def nccl_tests_command(self, collective: str, ranks: list[str], fabric: str = "optical",
-                           sizes: tuple[int, int] | None = None) -> tuple[list[str], dict[str, str]]:
+                           sizes: tuple[int, int] | None = None,
+                           library: str | None = None) -> tuple[list[str], dict[str, str]]:
         """argv and environment to run one nccl-tests program over ``ranks`` from the first
-        one's host: the bench's launcher and binaries, or on an emulated host the emulated ones."""
+        one's host: the bench's launcher and binaries, or on an emulated host the emulated ones
+        (of ``library``, one of the backend's ``collective_libraries()``; None: its first)."""
         settings = self.bench.nccl_tests
         lead = self.bench.host(ranks[0])
         env = self.fabric_env(ranks[0], fabric)
-        emulated = self.backend.nccl_tests_folder(lead)
+        library = library or self.backend.collective_libraries()[0]
+        emulated = self.backend.nccl_tests_folder(lead, library)
         if emulated is not None:
             folder, launcher = emulated, []
             env["LUMION_HIL_RANKS"] = ",".join(ranks)  # what mpirun -H would tell the real programs

@@ -127,8 +127,22 @@ def _lead_only(session, ranks: list[str]) -> None:
 
 def LeadOnlyRestartController(session, ranks):
     """Restarts only the lead rank of the new rank map (a launcher that forgets the others):
-    on NCCL the lead hangs at init waiting for its peers and fails at the NCCL timeout."""
+    on NCCL the lead hangs at init waiting for its peers and fails at the NCCL timeout (under
+    torchrun, at its rendezvous's timeout)."""
     return ReferenceController(session, ranks, restart=_lead_only)
+
+
+def _kill_a_follower(session, ranks: list[str]) -> None:
+    session.start_job(ranks)
+    if len(ranks) > 1:  # the bug: a follower's process is killed as the job starts (SIGTERM; SIGKILL after 1 s)
+        session.hosts[ranks[-1]].stop_job(timeout_s=1.0)
+
+
+def FollowerKilledAfterRestartController(session, ranks):
+    """Restarts every rank, and a follower's process dies at once (a launcher that kills what
+    it just started, an OOM on the host): the other ranks wait for it in the job's rendezvous
+    or collectives and fail at the framework's timeout."""
+    return ReferenceController(session, ranks, restart=_kill_a_follower)
 
 
 class NoPhasesController(ReferenceController):

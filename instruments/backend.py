@@ -132,13 +132,54 @@ class BenchBackend(abc.ABC):
         """The job's command template on this backend; None: the bench file's ``job.command``."""
         return None
 
+    # Whether job_argv should give the light job where this backend has more than one: the
+    # failure sequences restart the job hundreds of times (BenchSession.use_light_job).
+    light_job = False
+
+    def job_kind(self, job: Any) -> str:
+        """What :meth:`job_argv` runs here, in words (for the run record)."""
+        return "the emulated training job (instruments/emulators/job.py)"
+
+    def collective_libraries(self) -> list[str]:
+        """The collective libraries whose bandwidth tests this backend runs, by short name (the
+        bench's own nccl-tests: ``nccl-tests``)."""
+        return ["nccl-tests"]
+
+    def describe_library(self, library: str) -> str:
+        """Which library and launcher produce ``library``'s figures, in words (for the record)."""
+        return "nccl-tests (the bench's nccl_tests.path and launcher)"
+
+    def collective_rings(self, library: str | None = None) -> int | None:
+        """The rings the all-reduce of ``library`` (None: the job's) runs, for the cost model's
+        prediction; None: the bench file's ``collectives.rings`` (NCCL's); 0: no ring the model describes."""
+        return None
+
+    def not_comparable(self, what: str) -> str | None:
+        """Why this bench's figures of ``what`` cannot be judged against a published prototype's:
+        ``"job"`` (times that contain the job's start-up and steps), a library of
+        :meth:`collective_libraries` (its bandwidth), or ``"LIBRARY:model"`` (its figures
+        against the cost model's prediction); None: they can."""
+        return None
+
+    def scale_uplinks(self, factor: float) -> bool:
+        """Reshape the electrical rack's uplinks to ``factor`` times what the bench file gives
+        them (1: back); False where this bench cannot (a real rack's switches are the lab's)."""
+        return False
+
+    def fabric_env(self, host: Any, fabric: str) -> dict[str, str]:
+        """What a job or bandwidth test on ``host`` needs beside NCCL_SOCKET_IFNAME to use
+        ``fabric`` on this backend (another library's interface variable, say)."""
+        return {}
+
     def reserved_rack_job_argv(self, job: Any, ranks: list[str]) -> list[str] | None:
         """The job on the migration baseline's reserved rack (a rack outside the fabric, one
         process for all its ranks); None: this bench has no such rack (a real one)."""
         return None
 
-    def nccl_tests_folder(self, host: Any) -> str | None:
-        """Where nccl-tests' programs are for ``host``; None: the bench file's ``nccl_tests.path``."""
+    def nccl_tests_folder(self, host: Any, library: str = "nccl-tests") -> str | None:
+        """Where the bandwidth test programs of ``library`` (one of :meth:`collective_libraries`;
+        nccl-tests' names, flags and output) are for ``host``; None: the bench file's
+        ``nccl_tests.path``."""
         return None
 
     def local_address(self, host: Any) -> bool:

@@ -48,6 +48,7 @@ class Row:
     why: str = ""
     basis: str = "measured"  # or "model": an emulated bench computed it (never a confirmation)
     predicted: float | None = None  # what the bench file alone predicts (harness/predictions.py)
+    not_comparable: str = ""  # why the limit does not apply on this bench (verdict "not comparable")
     prediction: str = ""  # and why
     better: str | None = None  # a recorded (unjudged) figure's good direction
     until: str = ""  # where the figure's clock stopped, where the suite says (the job running again, ...)
@@ -94,7 +95,7 @@ def summarize(record: Path, history: list[dict]) -> dict:
             continue  # judged figures, and recorded ones with a good direction (busbw at every size)
         row = Row(_key(m, several), m["name"], m["test"], m.get("value"), m["unit"], m.get("low"), m.get("high"),
                   m["verdict"], m.get("cause", ""), m.get("published"), m.get("published_value"),
-                  basis=m.get("basis", "measured"), better=m.get("better"))
+                  basis=m.get("basis", "measured"), better=m.get("better"), not_comparable=m.get("not_comparable", ""))
         attrs = m.get("attrs") or {}
         row.until, row.follows_from = str(attrs.get("until") or ""), str(attrs.get("follows_from") or "")
         if isinstance(attrs.get("predicted"), (int, float)) and "observed" not in attrs:
@@ -196,7 +197,9 @@ def to_markdown(summary: dict) -> str:
             "| measurement | value | basis | published | ratio | verdict | change |", "|---|---|---|---|---|---|---|"]
     for r in published:
         verdict, agrees = r["verdict"], "agrees" if r["verdict"] != "fail" else "disagrees"
-        if r.get("basis") == "model":
+        if r.get("not_comparable"):
+            verdict = f"{verdict}: {r['not_comparable']}"
+        elif r.get("basis") == "model":
             verdict = f"{verdict} (model: {agrees}, confirms nothing)"
         elif r.get("follows_from"):
             verdict = f"{verdict} (follows from the bench's own shaping: {agrees}, confirms nothing)"

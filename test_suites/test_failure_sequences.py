@@ -121,10 +121,21 @@ def _judge_paths(request, measure, record_path, bench_file, shard: int, reached:
     measure(paths, float(len(missed)), missed=missed, reached=dict(sorted(total.items())), shards=sorted(shards))
 
 
+@pytest.fixture(scope="module")
+def light_job(session):
+    """The bench's light job where it has more than one (the namespaced bench's ring job, not
+    its PyTorch job): the stories restart the job hundreds of times. Put back afterwards."""
+    kind = session.use_light_job()
+    yield kind
+    session.use_light_job(False)
+
+
 @allure.title("failure sequences keep the harness's promises")
-def test_failure_sequences(shard, session, bench_file, exploration, measure, record_path, request, results_dir):
+def test_failure_sequences(shard, session, bench_file, exploration, measure, record_path, request, results_dir,
+                           light_job, record_note):
     if bench_file.job is None:
         pytest.skip("the bench file has no job section")
+    record_note("job", kind=light_job)
     profile = exploration
     explorer = Explorer(session, measure=measure, record_path=record_path, test=request.node.nodeid)
     kinds = [k.value for k in FaultKind if explorer.can_make(k.value)]

@@ -47,7 +47,8 @@ def rates(session, bench_file):
 
 
 @allure.title("step rate before, after the optical swap, and on the electrical rack")
-def test_step_rates(rates, measure):
+def test_step_rates(rates, session, measure, record_note):
+    record_note("job", kind=session.job_kind())
     for name in ("before", "after", "electrical"):
         if name in rates:
             rate = rates[name]
@@ -69,15 +70,18 @@ def test_step_rate_after_recovery_matches_before(rates, bench_file, measure):
 
 
 @allure.title("training throughput, optical over electrical, after the swap")
-def test_throughput_ratio_optical_over_electrical(rates, bench_file, measure):
+def test_throughput_ratio_optical_over_electrical(rates, session, bench_file, measure):
     if "electrical" not in rates:
         pytest.skip("the bench file describes no electrical rack to compare with")
     ratio = rates["after"].samples_per_s / rates["electrical"].samples_per_s
-    predicted = predictions.throughput_ratio(bench_file)
+    rings = session.backend.collective_rings()  # the job's library's (None: NCCL's, the bench file's)
+    predicted = predictions.throughput_ratio(bench_file, rings or None)
     tolerance, fraction = bench_file.limits.about_tolerance.value, bench_file.limits.marginal_fraction
+    job = session.job_kind()
     for name, key in (("throughput_optical_over_electrical", "morphlux.epoch_speedup"),
                       ("throughput_optical_over_electrical_lumion", "lumion.throughput_vs_electrical")):
-        measure(about(name, key, bench_file.published, tolerance, fraction), ratio, predicted=predicted.value,
-                prediction=predicted.why)
+        measure(about(name, key, bench_file.published, tolerance, fraction)
+                .not_comparable_because(session.backend.not_comparable("job")), ratio, predicted=predicted.value,
+                prediction=predicted.why, job=job)
     measure(limits.against_prediction("throughput_ratio_over_bench_prediction", bench_file), ratio / predicted.value,
-            observed=ratio, predicted=predicted.value, prediction=predicted.why)
+            observed=ratio, predicted=predicted.value, prediction=predicted.why, job=job)

@@ -210,6 +210,32 @@ def test_job_progress_from_output_and_stop(tmp_path):
     assert json.loads(log[0])["step"] == 1
 
 
+def test_a_jobs_start_events_and_last_words_as_the_job_interface_says(tmp_path):
+    """What a PyTorch job under torchrun prints, read as the job interface says: torchrun's
+    rendezvous line and the job's own events in order (an event that names a checkpoint's step
+    is not a step done), and the lines that say why it failed kept apart from a launcher's
+    report after them."""
+    jobs = JobControl(str(tmp_path))
+    lines = ['{"event": "process_started", "rank": 0}',
+             "I1203 10:28:36.073000 22123 torch/distributed/elastic/agent/server/api.py:553] [default] Rendezvous "
+             "complete for workers. Result:",
+             '{"event": "communicator_ready", "rank": 0, "backend": "gloo"}',
+             '{"event": "checkpoint_loaded", "rank": 0, "step": 40, "path": "/ckpt/step-40.pt"}',
+             '{"step": 1, "global_step": 41}',
+             '{"event": "checkpoint_saved", "rank": 0, "step": 42, "path": "/ckpt/step-42.pt"}',
+             "[rank0]: RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [198.19.3.12]:4",
+             *[f"torchrun's report, line {i}" for i in range(8)]]
+    script = "import sys\nfor line in sys.argv[1:]:\n    print(line, flush=True)\nsys.exit(1)\n"
+    jobs.start([sys.executable, "-c", script, *lines], {})
+    status = jobs.wait_step(10**6, timeout_s=20)
+    assert not status["running"] and status["returncode"] == 1
+    assert [e["event"] for e in jobs.events()] == ["process_started", "rendezvous", "communicator_ready",
+                                                  "checkpoint_loaded", "checkpoint_saved"]
+    assert [e["step"] for e in jobs.events("checkpoint_loaded")] == [40]
+    assert [step for step, _ in jobs.steps()] == [1]  # not 40, nor 42
+    assert status["error_lines"] == [lines[6]] and lines[6] not in status["last_lines"]
+
+
 def test_an_earlier_jobs_last_output_is_not_the_next_jobs(tmp_path):
     """A stopped job's output can still be in its pipe (here a child outside its process group
     holds it open and writes a step) when the next job starts: that step and that end belong to

@@ -4,6 +4,7 @@ runs (ssh, netlink, real jobs and real bytes) run against the emulated world's p
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,7 +17,9 @@ from lumion_hil.harness.bandwidth import run_sweep
 from lumion_hil.harness.config import load_bench
 from lumion_hil.harness.controller import load_controller
 from lumion_hil.harness.faults import Fault, Injector
+from lumion_hil.harness.recovery import job_last_words
 from lumion_hil.harness.session import BenchSession
+from lumion_hil.instruments.collectives import collective_cost
 from lumion_hil.instruments.emulators.netns import available
 from lumion_hil.instruments.emulators.rack import Rack
 from lumion_hil.instruments.protocols import InstrumentIOError
@@ -91,42 +94,88 @@ def test_traffic_follows_the_circuits_and_busbw_matches_the_cost_model(session):
     size = (8 << 20, 8 << 20)  # one size: the largest the bench file sweeps
     measured = {}
     for fabric in ("optical", "electrical"):
-        sweep = run_sweep(session, "all_reduce", ranks, fabric, size)
+        sweep = run_sweep(session, "all_reduce", ranks, fabric, size, library="ring")
         row = sweep.largest
         predicted = backend.predicted_busbw_gbps("all_reduce", ranks, row.size_bytes, fabric)
         measured[fabric] = row.out_of_place.busbw_best_gbps
         assert measured[fabric] == pytest.approx(predicted, rel=0.15), (fabric, measured[fabric], predicted)
     ranks_e = ["host0", "host1", "host3"]  # the spare's rack is reached through the uplinks
     size = (4 << 20, 4 << 20)
-    before = run_sweep(session, "all_reduce", ranks_e, "electrical", size).largest.out_of_place.busbw_best_gbps
+    before = run_sweep(session, "all_reduce", ranks_e, "electrical", size, library="ring").largest.out_of_place.busbw_best_gbps
     rates = dict(backend.rack.uplink_mbit)
     try:
         backend.rack.set_uplink_mbit({rack: mbit / 2 for rack, mbit in rates.items()})
-        after = run_sweep(session, "all_reduce", ranks_e, "electrical", size).largest.out_of_place.busbw_best_gbps
+        after = run_sweep(session, "all_reduce", ranks_e, "electrical", size,
+                          library="ring").largest.out_of_place.busbw_best_gbps
     finally:
         backend.rack.set_uplink_mbit(rates)
     assert after == pytest.approx(before / 2, rel=0.2), (before, after)
 
 
-def test_lead_only_restart_fails_here_as_on_a_real_bench():
-    """A controller that restarts only the lead rank: the old ranks' collectives fail as NCCL's
-    do (their peer is gone), and the lead's real rendezvous waits for peers that never come."""
-    bench = load_bench(BENCH, defects=["lead_only_restart"])
+def _recover_with(defect: str) -> tuple:
+    """A GPU failure on host1 recovered by a controller with ``defect``, the PyTorch job under
+    torchrun at half of real time (its rendezvous times out after the job's NCCL timeout, 15 s):
+    the result, and every rank's last words once the job has given up."""
+    bench = load_bench(BENCH, defects=[defect], time_scale=0.5)
+    assert bench.netns.job == "torch"
     with BenchSession.open(bench) as session:
         ranks = list(bench.job.ranks)
         session.start_job(ranks)
-        assert session.hosts[ranks[0]].wait_step(1, 60)["reached"]
+        assert session.hosts[ranks[0]].wait_step(1, 90)["reached"]
         controller = load_controller(session, ranks)
         controller.arm()
         fault_ns = Injector(session).inject(Fault("gpu_failure", "host1"))
         result = controller.recover(fault_ns)
         controller.disarm()
-        # The old rank on host2 loses its peer (NCCL's closed connection) and exits; the lead,
-        # restarted alone, waits at its rendezvous for ranks that never come.
-        assert result.status == "failed" and "before its first step" in result.reason, result
-        lead = session.hosts["host0"].job_status()
-        assert lead["running"] and not any("Init COMPLETE" in line for line in lead["last_lines"]), lead
+        words = job_last_words(session, list(result.plan.ranks_after), 30)
         session.stop_job()
+    return result, words
+
+
+def test_lead_only_restart_fails_at_torchruns_rendezvous_timeout():
+    """A controller that restarts only the lead rank: the lead's torchrun waits in its static
+    rendezvous for nodes that never come and fails at its timeout with the framework's words,
+    which the controller's reason quotes (it no longer takes the old followers' exits for the
+    new job's)."""
+    result, words = _recover_with("lead_only_restart")
+    assert result.status == "failed", result
+    assert re.search(r"DistStoreError: Timed out after \d+ seconds waiting for clients. 1/3 clients joined", result.reason), \
+        result
+    assert any("DistStoreError" in line for line in words[result.plan.ranks_after[0]]), words
+
+
+def test_a_follower_killed_after_the_restart_fails_the_others_through_the_framework():
+    """Every rank restarted, then a follower's process killed: the controller sees it exit, and
+    the other ranks give up in torchrun (its rendezvous times out) or gloo (the peer is gone),
+    each in the framework's words."""
+    result, words = _recover_with("follower_killed_after_restart")
+    assert result.status == "failed" and "before its first step" in result.reason, result
+    lead, killed = result.plan.ranks_after[0], result.plan.ranks_after[-1]
+    others = [h for h in result.plan.ranks_after if h != killed]
+    for host in others:
+        said = " ".join(words[host])
+        assert "(still running)" not in said and any(w in said for w in ("DistStoreError", "Connection closed",
+                                                                            "Connection reset", "Timed out")), words
+    assert lead in others
+
+
+def test_gloo_and_mpi_bandwidth_tests_print_nccl_tests_output_over_the_circuits(session):
+    """torch.distributed's all-reduce under torchrun and mpi4py's under mpirun, each printing
+    nccl-tests' output: exact results, and gloo's one ring through the circuits carries about
+    a link's shaped rate (within 15% of the cost model's one ring)."""
+    ranks = list(session.bench.job.ranks)
+    session.stop_job()
+    session.restore_baseline()
+    size = (4 << 20, 4 << 20)
+    for library in ("gloo", "mpi"):
+        sweep = run_sweep(session, "all_reduce", ranks, "optical", size, library=library)
+        assert sweep.result.total_wrong == 0, sweep.output
+        assert sweep.library == library and ("gloo" if library == "gloo" else "Open MPI") in sweep.output
+        if library == "gloo":
+            settings = session.bench.collectives
+            predicted = collective_cost("all_reduce", ranks, size[0], session.backend.fabric("optical", ranks),
+                                        step_latency_us=settings.step_latency_us.value, rings=1).busbw_gbps
+            assert sweep.largest.out_of_place.busbw_best_gbps == pytest.approx(predicted, rel=0.15), sweep.output
 
 
 def test_ssh_faults_end_in_a_recovery_or_a_clear_error_within_the_deadline(session):

@@ -106,3 +106,27 @@ def test_a_small_message_regression_reaches_the_summary(tmp_path):
     assert [r["name"] for r in second["regressions"]] == ["busbw_after_8B"], second["regressions"]
     steady = summarize(record(tmp_path / "c.jsonl", 0.00108), history)
     assert steady["regressions"] == []
+
+
+def test_a_limit_that_does_not_apply_is_recorded_not_comparable_with_why(tmp_path):
+    """A figure judged against a published one from a prototype this bench cannot be compared
+    with: its verdict is "not comparable" (not a failure), the limit and the reason beside it in
+    the record and the summary's published table."""
+    from lumion_hil.harness.measurements import Verdict
+    from lumion_hil.harness.published import upper_limit
+    from lumion_hil.harness.records import RunRecord
+
+    why = "a CPU job on 2 cores against NCCL on GPUs"
+    spec = upper_limit("recovery_to_first_step", "morphlux.first_step_s")
+    far_over = spec.high * 3
+    assert spec.measure(far_over).verdict is Verdict.FAIL
+    taken = spec.not_comparable_because(why).measure(far_over)
+    assert taken.verdict is Verdict.NOT_COMPARABLE and taken.passed and why in taken.describe()
+    assert spec.not_comparable_because(None).measure(far_over).verdict is Verdict.FAIL
+    record = RunRecord(tmp_path / "record.jsonl", bench="b")
+    record.measurement(taken, "test_recovery_time.py::test_recovery_time[gpu_failure]")
+    record.close()
+    summary = summarize(tmp_path / "record.jsonl", [])
+    row = _row(summary, "recovery_to_first_step")
+    assert row["verdict"] == "not comparable" and row["not_comparable"] == why and not summary["failed"]
+    assert f"not comparable: {why}" in to_markdown(summary)

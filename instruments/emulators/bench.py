@@ -103,7 +103,7 @@ class EmulatedBench(BenchBackend):
         """Where the emulated hosts' nccl-tests programs are."""
         return str(nccl_tests_folder(self.world_service.address))
 
-    def nccl_tests_folder(self, host) -> str | None:
+    def nccl_tests_folder(self, host, library: str = "nccl-tests") -> str | None:
         return self.nccl_tests_path if host.emulated and self.world_service is not None else None
 
     def local_address(self, host) -> bool:
@@ -227,7 +227,7 @@ class ServedWorld(BenchBackend):
     def reserved_rack_job_argv(self, job, ranks: list[str]) -> list[str] | None:
         return job_argv(self.address, job, ranks) + ["--all-ranks-here"] if self.address else None
 
-    def nccl_tests_folder(self, host) -> str | None:
+    def nccl_tests_folder(self, host, library: str = "nccl-tests") -> str | None:
         return str(nccl_tests_folder(host.world_address)) if host.world_address else None
 
     def local_address(self, host) -> bool:

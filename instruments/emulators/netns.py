@@ -43,6 +43,11 @@ from lumion_hil.instruments.emulators.bench import EmulatedBench
 from lumion_hil.instruments.emulators.nccl_tests import PROGRAMS
 
 PERF_PORT_OFFSET = 1  # nccl-tests' rendezvous: the job's master port + 1, so both can run
+# The bandwidth tests' libraries (netns.collectives), as the run record describes them, and the
+# folder of each one's programs (nccl-tests' names) in the run folder.
+LIBRARIES = {"ring": "lumion-hil ring (ssh launcher)", "gloo": "torch.distributed gloo (ssh launcher)",
+                 "mpi": "Open MPI, mpi4py (mpirun)"}
+FOLDERS = {"ring": "nccl-tests", "gloo": "gloo-tests", "mpi": "mpi-tests"}
 
 
 class NetnsUnavailable(RuntimeError):
@@ -134,7 +139,95 @@ class NetnsBench(EmulatedBench):
                   *faults, *extra]
         return self.keys.ssh_argv(self.destination(host.name)) + [shlex.join(remote)]
 
+    def job_kind(self, job) -> str:
+        if self._torch_job():
+            return ("PyTorch DDP on gloo, started by torchrun on every host (instruments/emulators/torch_job.py), "
+                    "checkpoints on shared storage")
+        return "the light ring job (instruments/emulators/ring_job.py)"
+
+    def collective_libraries(self) -> list[str]:
+        return list(self.settings.collectives)
+
+    def describe_library(self, library: str) -> str:
+        return LIBRARIES[library]
+
+    def _torch_job(self) -> bool:
+        return self.settings.job == "torch" and not self.light_job and not (self.bench.job and self.bench.job.command)
+
+    def collective_rings(self, library: str | None = None) -> int | None:
+        """gloo's all-reduce, and Open MPI's ring (the tuned component's algorithm 4, which
+        mpirun is told to use here), move the buffer one way round one ring (measured here:
+        busbw one link's rate, where lumion-hil's ring, two rings one each way, gets both
+        directions)."""
+        if library is None:
+            library = "gloo" if self._torch_job() else "ring"
+        return {"gloo": 1, "mpi": 1}.get(library)
+
+    def not_comparable(self, what: str) -> str | None:
+        """``job``; a library (against the published ratio); ``LIBRARY:model`` (against the
+        cost model's prediction)."""
+        if what == "job":
+            return (None if not self._torch_job() else
+                    "a PyTorch job on gloo over TCP on a 2-core CPU machine, its GPU compute emulated: each start "
+                    "costs torchrun's and the worker's `import torch` (seconds of CPU a host) and gloo's full mesh, "
+                    "against Morphlux's NCCL job on GPUs")
+        if what == "gloo:model":
+            return ("the cost model's ring pipelines its chunks; gloo's waits on each step of its ring, so the "
+                    "electrical ring's deep shared-uplink queue costs it more than the model says (its electrical "
+                    "busbw 0.87-0.92 of the model's, the ratio 1.09-1.24 against 1.00 in three runs)")
+        if what == "mpi:model":
+            return ("the cost model's ring pipelines its chunks; Open MPI's ring all-reduce does not (its "
+                    "electrical busbw in one rack 0.85 of gloo's and the model's, 0.0204 against 0.024 GB/s)")
+        if what == "gloo":
+            return ("gloo's all-reduce over TCP on CPU buffers, one ring one way round, at the bench file's rates "
+                    "shaped to 1%: the published ratio is NCCL's, two rings on GPUs; the ratio here follows from "
+                    "the shaping and gloo's one ring")
+        if what == "mpi":
+            return ("Open MPI's ring all-reduce over TCP on CPU buffers, one ring one way round, at the bench file's "
+                    "rates shaped to 1%: the published ratio is NCCL's, two rings on GPUs; the ratio here follows "
+                    "from the shaping and Open MPI's one ring")
+        return None
+
+    def scale_uplinks(self, factor: float) -> bool:
+        if self.bench.electrical is None:
+            return False
+        self.rack.set_uplink_mbit({rack: mbit * factor for rack, mbit in uplink_mbit(self.bench).items()})
+        return True
+
+    def fabric_env(self, host, fabric: str) -> dict[str, str]:
+        """gloo and Open MPI bind one address per host: the host's fabric address on the
+        optical circuits (rack.py routes it over them), its electrical NIC on the rack."""
+        ifname = self.bench.electrical.interface if fabric == "electrical" else racks.FABRIC_IFNAME
+        return {"GLOO_SOCKET_IFNAME": ifname, "OMPI_MCA_btl_tcp_if_include": ifname}
+
     def job_argv(self, job, ranks: list[str]) -> list[str]:
+        if self._torch_job():
+            return self.torch_job_argv(job, ranks)
+        return self.ring_job_argv(job, ranks)
+
+    def torch_job_argv(self, job, ranks: list[str]) -> list[str]:
+        """The PyTorch job as a lab launches its own: torchrun on every host of the rank map,
+        its static rendezvous at rank 0's host on the management network (failing after the
+        job's NCCL timeout when a node never comes), no restarts of its own (the controller
+        restarts the job)."""
+        scale = self.world.time_scale
+        # LOGLEVEL=INFO: torchrun says when its rendezvous completes (the agent reads that line)
+        return ["env", "LOGLEVEL=INFO", sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(ranks)),
+                "--node-rank", "{rank}",
+                "--nproc-per-node", "1", "--master-addr", "{master_addr}", "--master-port", "{master_port}",
+                "--max-restarts", "0", "--rdzv-conf", f"timeout={max(1, round(job.nccl_timeout_s * scale))}",
+                # SIGTERM is not torchrun's to handle: the agent's stop ends it at once, as a scheduler's
+                # kill does, and its workers die with it (torch_job.py; torchrun's own forward, wait
+                # and report took 2.6 s, counted as the controller's)
+                "--signals-to-handle", "SIGINT",
+                "-m", "lumion_hil.instruments.emulators.torch_job", "--world", self.world_service.address,
+                "--ranks", ",".join(ranks),
+                "--gradient-bytes", str(int(job.gradient_bytes * self.settings.rate_scale * scale)),
+                "--compute-time-s", str(job.compute_time_s), "--batch", str(job.batch_per_rank),
+                "--timeout-s", str(job.nccl_timeout_s), "--checkpoint-dir", str(self.run_dir / "checkpoints"),
+                "--checkpoint-every", str(self.settings.checkpoint_every)]
+
+    def ring_job_argv(self, job, ranks: list[str]) -> list[str]:
         """The real training job: compute emulated, its all-reduce real bytes over real sockets."""
         return [sys.executable, "-m", "lumion_hil.instruments.emulators.ring_job", "--world", self.world_service.address,
                 "--ranks", ",".join(ranks), "--rank", "{rank}", "--master-addr", "{master_addr}",
@@ -145,8 +238,10 @@ class NetnsBench(EmulatedBench):
                 "--compute-time-s", str(job.compute_time_s), "--batch", str(job.batch_per_rank),
                 "--nccl-timeout-s", str(job.nccl_timeout_s)]
 
-    def nccl_tests_folder(self, host) -> str | None:
-        return str(self.run_dir / "nccl-tests")
+    def nccl_tests_folder(self, host, library: str = "ring") -> str | None:
+        if library not in FOLDERS:
+            raise ValueError(f"no {library!r} bandwidth tests on the namespaced bench; it has {', '.join(FOLDERS)}")
+        return str(self.run_dir / FOLDERS[library])
 
     def local_address(self, host) -> bool:
         return False
@@ -161,16 +256,18 @@ class NetnsBench(EmulatedBench):
         rack_map = {"hosts": {h.name: self.destination(h.name) for h in self.bench.topology.hosts},
                     "mgmt": {h.name: self.rack.mgmt_address(h.name) for h in self.bench.topology.hosts},
                     "ssh_config": str(self.keys.config), "port": job_port + PERF_PORT_OFFSET,
-                    "python": sys.executable}
+                    "python": sys.executable, "run_dir": str(self.run_dir)}
         path = self.run_dir / "rack.json"
         path.write_text(json.dumps(rack_map, indent=1), encoding="utf-8")
-        folder = self.run_dir / "nccl-tests"
-        folder.mkdir(exist_ok=True)
-        for program in PROGRAMS:
-            script = folder / program
-            script.write_text(f"#!/bin/sh\nexec {sys.executable} -m lumion_hil.instruments.emulators.netns nccl-tests "
-                              f"--rack {path} --program {program} \"$@\"\n", encoding="utf-8")
-            script.chmod(0o755)
+        for library, name in FOLDERS.items():
+            folder = self.run_dir / name
+            folder.mkdir(exist_ok=True)
+            for program in PROGRAMS:
+                script = folder / program
+                script.write_text(f"#!/bin/sh\nexec {sys.executable} -m lumion_hil.instruments.emulators.netns "
+                                  f"nccl-tests --rack {path} --library {library} --program {program} \"$@\"\n",
+                                  encoding="utf-8")
+                script.chmod(0o755)
 
     # -- faults --------------------------------------------------------------------------------
 
@@ -307,6 +404,8 @@ class DataPlane:
             self.rack.part(*sorted(pair))
         for pair in pairs - self.joined:
             self.rack.join(*sorted(pair))
+        if pairs != self.joined:  # the hosts' routes to each other's fabric address follow the circuits
+            self.rack.set_fabric_routes(pairs)
         self.joined = set(pairs)
         self._set_carriers({nic: up for nic, up in carrier.items() if up})
 
@@ -350,16 +449,42 @@ def _nccl_tests(args) -> int:
               f"{'no hosts' if not ranks else 'hosts not on this rack: ' + ', '.join(unknown)}", file=sys.stderr)
         return 2
     env = {"LUMION_HIL_RANKS": ",".join(ranks), "LUMION_HIL_MASTER": f"{rack_map['mgmt'][ranks[0]]}:{rack_map['port']}"}
-    if os.environ.get("NCCL_SOCKET_IFNAME"):
-        env["NCCL_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"]
-    argv = [rack_map["python"], "-m", "lumion_hil.instruments.emulators.launch", "--ssh-config", rack_map["ssh_config"],
-            "--hosts", ",".join(rack_map["hosts"][r] for r in ranks)]
-    for key, value in env.items():
-        argv += ["--env", f"{key}={value}"]
-    argv += ["--", rack_map["python"], "-m", "lumion_hil.instruments.emulators.ring_perf", "--program", args.program,
-             *args.rest]
+    for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "LUMION_HIL_TIMEOUT_S"):
+        if os.environ.get(name):
+            env[name] = os.environ[name]
+    if args.library == "mpi":
+        argv = _mpirun(rack_map, ranks, args)
+    else:
+        program = (["-m", "lumion_hil.instruments.emulators.library_perf", "--library", "gloo"]
+                   if args.library == "gloo" else ["-m", "lumion_hil.instruments.emulators.ring_perf"])
+        argv = [rack_map["python"], "-m", "lumion_hil.instruments.emulators.launch", "--ssh-config",
+                rack_map["ssh_config"], "--hosts", ",".join(rack_map["hosts"][r] for r in ranks)]
+        for key, value in env.items():
+            argv += ["--env", f"{key}={value}"]
+        argv += ["--", rack_map["python"], *program, "--program", args.program, *args.rest]
     os.execv(argv[0], argv)
     return 127  # not reached
+
+
+def _mpirun(rack_map: dict, ranks: list[str], args) -> list[str]:
+    """mpirun with a host file of the ranks' management addresses, one slot each, as Morphlux
+    relaunches its job: Open MPI starts its daemons there through ssh (the rack's keys), its
+    out-of-band channel on the management network, the ranks' bytes over the TCP transport on
+    the interface OMPI_MCA_btl_tcp_if_include names (the caller's environment)."""
+    hostfile = Path(rack_map["run_dir"]) / f"mpi-hosts-{'-'.join(ranks)}.txt"  # removed with the run's folder
+    hostfile.write_text("".join(f"{rack_map['mgmt'][r]} slots=1\n" for r in ranks), encoding="utf-8")
+    return [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "-np", str(len(ranks)), "--hostfile", str(hostfile),
+            "--mca", "plm_rsh_agent", f"ssh -F {rack_map['ssh_config']}", "--mca", "oob_tcp_if_include", "mgmt0",
+            "--mca", "btl", "tcp,self", "--mca", "pml", "ob1",
+            # ranks that wait yield the core (Open MPI polls for progress: three ranks spinning on
+            # a 2-core machine starve the kernel's own work on the shaped links)
+            "--mca", "mpi_yield_when_idle", "1",
+            # the tuned component's ring all-reduce: its default for three ranks here carried a third
+            # of a link (0.0037 GB/s, 50 s a sweep); the ring carries a link's rate (0.0119, 18 s)
+            "--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4",
+            "-x", f"LUMION_HIL_RANKS={','.join(ranks)}", "-x", "OMPI_MCA_btl_tcp_if_include", "-x", "OMP_NUM_THREADS=1",
+            rack_map["python"], "-m", "lumion_hil.instruments.emulators.library_perf", "--library", "mpi",
+            "--program", args.program, *args.rest]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
                            "folder); every other argument is the program's own")
     tests.add_argument("--rack", required=True, help="the rack's map (rack.json in the run folder)")
     tests.add_argument("--program", required=True, choices=sorted(PROGRAMS))
+    tests.add_argument("--library", choices=sorted(FOLDERS), default="ring",
+                       help="ring: lumion-hil's ring over ssh; gloo: torch.distributed over ssh; mpi: mpi4py "
+                       "on Open MPI under mpirun")
     args, rest = parser.parse_known_args(argv)
     args.rest = rest
     return _nccl_tests(args)

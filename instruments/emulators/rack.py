@@ -34,6 +34,13 @@ route to the subnet. Address resolution on them gives up in 60 ms, so a connect(
 NIC with no circuit behind it fails at once ("No route to host") instead of after 3 s. The
 rack's links carry no IPv6. Every link is made at an index chosen so that its carrier changes
 reach listeners at once (see INDEX).
+
+Libraries that bind one address per host and connect every rank to every other (gloo's full
+mesh, Open MPI's TCP transport) cannot use NICs that each reach one neighbour. For them each
+host also has a fabric address, 198.19.3.(k+11)/32 on a link ``FABRIC_IFNAME`` of its own, routed
+over the circuits as a routing daemon on each host would route it (``set_fabric_routes``): a
+peer's fabric address via the far end of the circuit that joins a NIC of this host to it, so
+its bytes cross the same shaped NICs and circuits. A peer no circuit reaches has no route.
 """
 
 from __future__ import annotations
@@ -78,6 +85,8 @@ LOCK_FILE = "/run/lumion-hil/racks.lock"  # one for the machine, whatever a rack
 NETNS_DIR = "/run/netns"
 OPTICAL_NET = ipaddress.IPv4Network("198.19.1.0/24")
 ELECTRICAL_NET = ipaddress.IPv4Network("198.19.2.0/24")
+FABRIC_NET = ipaddress.IPv4Network("198.19.3.0/24")  # each host's fabric address (a /32 on FABRIC_IFNAME)
+FABRIC_IFNAME = "opt0"
 MGMT_SPACE = ipaddress.IPv4Network("198.18.0.0/16")  # the management /24s are taken from here
 MAX_NICS_PER_HOST = 8  # optical addresses are 8k+j+1
 MAX_HOSTS = 31
@@ -134,7 +143,7 @@ TBF_MAX_BIT = 8 * (2**32 - 1)  # tbf's 32-bit rate in bytes/s as pyroute2 sends 
 # (net/core/link_watch.c, linkwatch_urgent_event): measured, a carrier loss reached a netlink
 # listener 0.4-0.7 s late, against 2 ms with distinct indexes. Indexes in each namespace:
 INDEX = {
-    "optical": 10, "electrical": 20, "mgmt0": 30,  # host: NIC j at optical + j
+    "optical": 10, "electrical": 20, "mgmt0": 30, "fabric": 40,  # host: NIC j at optical + j
     "switch port": 100, "circuit": 1000,  # switch: host k NIC j at 100 + 8k + j; circuits above
     "tor port": 100, "spine": 299, "rack": 300, "up": 400, "sp": 500,  # tor: host k, rack r at + k, + r
     "gw": 2, "br0": 99, "mgmt port": 100,  # management: host k at + k; the root end's is the kernel's
@@ -630,6 +639,11 @@ class Rack:
         k = self._host(host)
         return str(ELECTRICAL_NET[k + 11]) if self._hosts[host].electrical_ifname else None
 
+    def fabric_address(self, host: str) -> str:
+        """The host's address on the optical fabric as a whole (on its ``FABRIC_IFNAME``),
+        reached over whichever circuit joins the two hosts."""
+        return str(FABRIC_NET[self._host(host) + 11])
+
     def switch_port(self, host: str, nic: str) -> str:
         """The NIC's far end's name in the switch namespace."""
         self._nic((host, nic))
@@ -866,6 +880,15 @@ class Rack:
                 f"{neigh}/mcast_solicit": str(NEIGH_MCAST_SOLICIT),
                 f"{neigh}/ucast_solicit": str(NEIGH_UCAST_SOLICIT),
             })
+        for host in self._hosts:  # the fabric address, routed over the circuits (set_fabric_routes)
+            ns = self.netns(host)
+            # a veth whose peer stays in the host's namespace (this kernel may lack the dummy
+            # driver): always up, and no packet ever leaves by it
+            index, peer = self._veth(ns, FABRIC_IFNAME, INDEX["fabric"], ns, FABRIC_IFNAME + "x", INDEX["fabric"] + 1)
+            ipr = self._nl[ns]
+            _add_addr(ipr, index, self.fabric_address(host), 32, f"{host}/{FABRIC_IFNAME}")
+            ipr.link("set", index=peer, state="up")
+            ipr.link("set", index=index, state="up")
         for host in self._hosts:  # two NICs of a host share a subnet: each answers only for its own
             sysctls.setdefault(self.netns(host), {}).update({
                 "net/ipv4/conf/all/arp_ignore": "1", "net/ipv4/conf/all/arp_announce": "2",
@@ -1016,6 +1039,36 @@ class Rack:
             if key is not None and link.get("master"):
                 ports.setdefault(link.get("master"), set()).add(key)
         return {frozenset(p) for p in ports.values() if len(p) >= 2}
+
+    @_in_netlink_thread
+    def set_fabric_routes(self, pairs: set[frozenset]) -> None:
+        """Route each host's fabric address over the circuits ``pairs`` (NIC pairs joined and
+        lit): on host A, B's fabric address via B's NIC at the far end of a circuit from a NIC
+        of A (the first in NIC order when several join them); routes to hosts no circuit
+        reaches are removed."""
+        wanted: dict[str, dict[str, tuple[str, str]]] = {h: {} for h in self._hosts}
+        for pair in sorted(pairs, key=lambda p: sorted(p)):
+            a, b = sorted(pair)
+            for (near, nnic), (far, fnic) in ((a, b), (b, a)):
+                if near != far:
+                    wanted[near].setdefault(far, (self._nic((near, nnic))[1], self.optical_address(far, fnic)))
+        with self._lock:
+            for host in self._hosts:
+                ipr = self._sock(self.netns(host))
+                for far in self._hosts:
+                    if far == host:
+                        continue
+                    dst = self.fabric_address(far)
+                    try:
+                        if far in wanted[host]:
+                            j, gateway = wanted[host][far]  # NIC j is at index optical + j (INDEX)
+                            ipr.route("replace", dst=dst, dst_len=32, gateway=gateway, oif=INDEX["optical"] + j,
+                                      prefsrc=self.fabric_address(host), flags=4)  # RTNH_F_ONLINK: the gateway is the circuit's far end
+                        else:
+                            with contextlib.suppress(NetlinkError):
+                                ipr.route("del", dst=dst, dst_len=32)
+                    except NetlinkError as e:
+                        raise RackError(f"fabric route to {far} ({dst}) on {host}: {os.strerror(e.code)}") from e
 
     def _master(self, ipr: IPRoute, port: str) -> int | None:
         return ipr.link("get", index=self._sw_index[port])[0].get("master") or None

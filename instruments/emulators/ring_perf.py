@@ -208,11 +208,13 @@ def main(argv: list[str] | None = None) -> int:
             return 1
 
 
-def _sweep(comm: Communicator, program: str, args, argv: list[str]) -> int:
+def _sweep(comm, program: str, args, argv: list[str], build: str = BUILD) -> int:
+    """Every size of the sweep over ``comm`` (this ring's Communicator, or another library's
+    with the same calls: library_perf.py), printed by rank 0."""
     lead = comm.rank == 0
-    report = Report(program, args, comm.nranks, BUILD, nccl_version=0)
+    report = Report(program, args, comm.nranks, build, nccl_version=0)
     devices = [{"rank": r, "group": 0, "pid": peer["pid"], "hostname": peer["host"], "device": 0, "device_hex": "0x00",
-                "device_info": "socket ring via " + ",".join(a[0] for a in peer["addresses"])}
+                "device_info": peer.get("device_info") or "socket ring via " + ",".join(a[0] for a in peer["addresses"])}
                for r, peer in enumerate(comm.peers)]
     if lead:
         print(report.header([device_line(d["rank"], d["pid"], d["hostname"], d["device"], d["device_info"],

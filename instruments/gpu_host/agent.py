@@ -90,6 +90,9 @@ class Agent:
     def rpc_job_steps(self, after_step: int = 0) -> list:
         return self.jobs.steps(after_step)
 
+    def rpc_job_events(self, event: str | None = None) -> list:
+        return self.jobs.events(event)
+
     def rpc_job_wait_event(self, event: str, timeout_s: float) -> dict:
         return self.jobs.wait_event(event, timeout_s)
 

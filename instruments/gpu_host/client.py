@@ -291,6 +291,17 @@ class AgentClient(GpuHost, TransmitterControl):
         """(step, harness time the agent saw it) for each step after ``after_step``."""
         return [(step, self.clock.to_harness(t)) for step, t in self.call("job_steps", after_step=after_step)]
 
+    def job_events(self, event: str | None = None) -> list[dict]:
+        """Every event the job of this run printed (or those named ``event``), in order, each
+        ``t_ns`` on the harness clock as the agent saw it (``process_started``, ``rendezvous``,
+        ``communicator_ready``, ``checkpoint_loaded``...: README, "One job interface")."""
+        out = []
+        for found in self.call("job_events", event=event):
+            found["t_ns"] = self.clock.to_harness(found["t_ns"])
+            found["uncertainty_ns"] = self.clock.uncertainty_ns
+            out.append(found)
+        return out
+
     def wait_job_event(self, event: str, timeout_s: float) -> dict:
         """The job's first ``event`` of this run (``nccl_init``, ``collective``), its ``t_ns`` on
         the harness clock as the agent saw it; ``event`` is None if it did not come."""

@@ -11,8 +11,16 @@ Progress comes from the job's own output, event-driven: a line that is a JSON ob
 matching ``step[ =:]<n>``. Each step is stamped with the agent's clock when the agent reads its
 line: that is the time the harness uses, measured from outside the job. What the job claims
 (``t_monotonic_ns``) is kept beside it as ``claimed_ns``. Other events are kept in order, with
-the same stamp: a JSON line with ``event`` (``{"event": "collective"}``), and NCCL's own
-``Init COMPLETE`` line (NCCL_DEBUG=INFO) as ``nccl_init``. Every line also goes to the job's log.
+the same stamp: a JSON line with ``event`` (``{"event": "collective"}``), NCCL's own
+``Init COMPLETE`` line (NCCL_DEBUG=INFO) as ``nccl_init``, and torchrun's ``Rendezvous complete
+for workers`` (its LOGLEVEL=INFO) as ``rendezvous``. Lines that say why a job failed (an error,
+a timeout, a closed connection: ``ERROR_LINE``) are kept apart too, the last few, so a failure's
+own words survive a launcher's report after them. Every line also goes to the job's log.
+
+The events a job may print, in the order of a start (README, "One job interface"):
+``process_started`` (before the framework's import), ``rendezvous``, ``communicator_ready`` (or
+NCCL's ``nccl_init``), ``collective``, ``checkpoint_loaded`` (with the ``step`` loaded), then
+its steps, and ``checkpoint_saved`` (with its ``step``) as it saves them.
 """
 
 from __future__ import annotations
@@ -29,6 +37,10 @@ from pathlib import Path
 FIELDS = ("rank", "world_size", "gpu", "master_addr", "master_port", "heartbeat")
 _STEP_RE = re.compile(r"\bstep[\s=:]+(\d+)", re.IGNORECASE)
 _NCCL_INIT = re.compile(r"NCCL INFO comm \S+ rank \d+ nranks \d+ .*Init COMPLETE")
+_TORCHRUN_RENDEZVOUS = re.compile(r"\] \[\w+\] Rendezvous complete for workers")
+ERROR_LINE = re.compile(r"Error\b|error:|Timed out|timed out|[Cc]onnection (closed|reset)|Watchdog|ncclRemoteError|"
+                        r"exitcode: -?\d+")
+_ERRORS_KEPT = 5
 _HISTORY = 10000  # steps and events kept per run of the job
 
 
@@ -72,6 +84,7 @@ class JobControl:
         self._tail: list[str] = []
         self._steps: list[tuple[int, int]] = []  # (step, agent clock when its line was read)
         self._events: list[dict] = []
+        self._errors: list[str] = []
 
     def start(self, template: list[str], fields: dict, env: dict | None = None) -> dict:
         if self._proc is not None and self._proc.poll() is None:
@@ -81,6 +94,7 @@ class JobControl:
         log_path = self.log_dir / f"rank{fields.get('rank', 0)}.log"
         with self._changed:
             self._progress, self._exit_ns, self._tail, self._steps, self._events = {}, None, [], [], []
+            self._errors = []
             try:
                 self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                               stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
@@ -106,6 +120,8 @@ class JobControl:
                     if proc is not self._proc:  # an earlier job's last words, read after the next one started
                         continue
                     self._tail = (self._tail + [line])[-20:]
+                    if ERROR_LINE.search(line):
+                        self._errors = (self._errors + [line])[-_ERRORS_KEPT:]
                     if progress is not None:
                         own = progress.pop("t_monotonic_ns", None)
                         claimed = own + self.offset_ns if isinstance(own, int) else None
@@ -151,12 +167,18 @@ class JobControl:
                     "returncode": None if proc is None or running else proc.returncode,
                     "started_ns": self._started_ns, "exit_ns": self._exit_ns, "argv": self._argv,
                     "fields": dict(self._fields),
-                    "progress": dict(self._progress), "last_lines": list(self._tail[-5:])}
+                    "progress": dict(self._progress), "last_lines": list(self._tail[-5:]),
+                    "error_lines": list(self._errors)}
 
     def steps(self, after_step: int = 0) -> list[tuple[int, int]]:
         """(step, when the agent saw it) for every step after ``after_step`` of this run."""
         with self._changed:
             return [s for s in self._steps if s[0] > after_step]
+
+    def events(self, event: str | None = None) -> list[dict]:
+        """Every event of this run (or only those named ``event``), in order, with the agent's stamp."""
+        with self._changed:
+            return [e for e in self._events if event is None or e["event"] == event]
 
     def wait_event(self, event: str, timeout_s: float) -> dict:
         """Until the job reports ``event`` (or exits, or the deadline passes): the first one of
@@ -189,6 +211,8 @@ def _parse_event(line: str) -> dict | None:
     text = line.strip()
     if _NCCL_INIT.search(text):
         return {"event": "nccl_init"}
+    if _TORCHRUN_RENDEZVOUS.search(text):
+        return {"event": "rendezvous"}
     if text.startswith("{") and '"event"' in text:
         try:
             data = json.loads(text)
@@ -206,6 +230,8 @@ def _parse_progress(line: str) -> dict | None:
             data = json.loads(text)
         except json.JSONDecodeError:
             data = None
+        if isinstance(data, dict) and "event" in data:
+            return None  # an event that names a step (a checkpoint's) is not a step done
         if isinstance(data, dict) and isinstance(data.get("step"), int):
             return {k: data[k] for k in ("step", "step_time_s", "samples_per_s", "tokens_per_s", "t_monotonic_ns")
                     if k in data}
