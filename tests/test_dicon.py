@@ -133,7 +133,7 @@ def test_move_completes_before_the_read_back_answers(serial_bench):
 def test_a_matrix_behind_ser2net_is_opened_by_its_url(serial_bench):
     """A serial matrix on a terminal server (ser2net, a labgrid NetworkSerialPort) is reached
     as socket://HOST:PORT: the same lines over TCP."""
-    from lumion_hil.instruments.emulators.scpi import TcpScpiServer
+    from lumion_hil.instruments.emulators.scpi_transports import TcpScpiServer
 
     server = TcpScpiServer(serial_bench.emulators["ocs"]).start()
     try:
