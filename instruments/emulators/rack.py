@@ -102,34 +102,26 @@ _IFNAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
 # behind it QUEUE_S more (at least QUEUE_MIN bytes). tbf counts whole frames, so a TCP transfer
 # that fills the link carries 1448/1514 = 95.6% of the rate as payload. The bucket must outlast
 # the lateness of tbf's timer on a loaded machine, or the tokens that overflow while it sleeps
-# are lost: measured on 2 busy cores, 1 ms of bucket gave 92.6-96.6% of 500 Mb/s as payload,
-# run to run, and 5 ms 95.6% every time (95.0-95.7% at 100 Mb/s), the link full. The bucket
-# is also what a transfer gets above the rate at its start: 0.5% over a 1 s measurement. The
-# queue lets TCP fill the link without loss where two shaped links in a row differ in rate,
-# and is short so that ARP waiting behind data still resolves within the optical NICs'
-# fast-failure window (mcast_solicit x retrans_time); its floor holds one 64 KiB GSO packet
-# whole. tbf itself cuts GSO packets larger than the bucket.
+# are lost (1 ms of bucket was too little on a busy machine, 5 ms enough: docs/rack.md); it is
+# also what a transfer gets above the rate at its start. The queue lets TCP fill the link
+# without loss where two shaped links in a row differ in rate, and is short so that ARP waiting
+# behind data still resolves within the optical NICs' fast-failure window (mcast_solicit x
+# retrans_time); its floor holds one 64 KiB GSO packet whole. tbf itself cuts GSO packets
+# larger than the bucket.
 BURST_S = 0.005
 BURST_MIN = 16 * 1024
 QUEUE_S = 0.02
 QUEUE_MIN = 64 * 1024
 # A rack's uplink is where TCP flows from different hosts meet, the one place in the rack whose
 # queue fills from more than one sender (a host's own tbf is kept nearly empty by TCP's small
-# queues). Cubic grows each window until that FIFO overflows: with QUEUE_S of queue the
-# cross-rack ring's two flows per uplink lost a whole GSO burst about four times per 8 MiB
-# all-reduce (30-160 tbf drops, 600-900 segments resent per 6 of them), split the link 40/60
-# between losses, and the ring on the smaller share finished last with the uplink half idle:
-# busbw 0.85-0.95 (mean 0.90) of the model's max-min fair share, against 0.94 on the optical
-# circuits (no drops there). So a host's TCP send buffer is capped at TCP_WMEM_MAX (a window
-# of about 290 KB on the wire; a 1 ms round trip needs 25 KB at 200 Mb/s) and the uplinks get
-# a queue of their own that holds UPLINK_WINDOWS such windows whole: no drops, the flows share
-# the FIFO by their equal windows: 0.925-0.939 of the model in 5 runs (0.93-0.94 in place), as
-# on the optical circuits (0.93-0.94) and one rack's bridge (0.94-0.96), which it leaves as they
-# were; the bench's optical/electrical ratio 2.00 against 2.0 predicted (it was 2.03-2.3).
-# Only electrical traffic crosses an uplink, so the optical NICs' ARP fast-failure window
-# (QUEUE_S) is not behind this queue. fq, sfq, fq_codel, codel and red are not in this kernel
-# (tc refuses them); htb classes per flow pair (u32) shared the uplink 50/50 but still dropped
-# and gave 0.89-0.96: the drops, not the split alone, cost the bandwidth.
+# queues). Cubic grows each window until that FIFO overflows: with QUEUE_S of queue there the
+# cross-rack ring's flows lost whole GSO bursts, split the uplink unevenly and finished a tenth
+# short of the cost model (docs/rack.md). So a host's TCP send buffer is capped at TCP_WMEM_MAX
+# (a window of about 290 KB on the wire, over ten times the 25 KB a 1 ms round trip needs at
+# 200 Mb/s) and the uplinks get a queue of their own that holds UPLINK_WINDOWS such windows
+# whole: no drops, and the flows share the FIFO by their equal windows. Only electrical traffic
+# crosses an uplink, so the optical NICs' ARP fast-failure window (QUEUE_S) is not behind this
+# queue. This kernel offers no fair-queueing qdisc (docs/rack.md lists what was tried).
 TCP_WMEM_MAX = 256 * 1024
 UPLINK_WINDOWS = 4
 UPLINK_QUEUE_MIN = UPLINK_WINDOWS * (TCP_WMEM_MAX + 64 * 1024)
@@ -140,8 +132,7 @@ TBF_MAX_BIT = 8 * (2**32 - 1)  # tbf's 32-bit rate in bytes/s as pyroute2 sends 
 # RTM_NEWLINK that netlink listeners wait for, a bridge port starting to forward) at once
 # only for a link whose index differs from its peer's; for one whose index equals its peer's
 # (as when two fresh namespaces number their links alike) it may wait up to a second
-# (net/core/link_watch.c, linkwatch_urgent_event): measured, a carrier loss reached a netlink
-# listener 0.4-0.7 s late, against 2 ms with distinct indexes. Indexes in each namespace:
+# (net/core/link_watch.c, linkwatch_urgent_event; measured: docs/rack.md). Indexes in each namespace:
 INDEX = {
     "optical": 10, "electrical": 20, "mgmt0": 30, "fabric": 40,  # host: NIC j at optical + j
     "switch port": 100, "circuit": 1000,  # switch: host k NIC j at 100 + 8k + j; circuits above
