@@ -37,10 +37,12 @@ from typing import Any
 
 from lumion_hil.instruments.backend import AGENT_FAULTS
 from lumion_hil.instruments.collectives import Fabric, Link, bus_factor, collective_cost, rack_fabric
-from lumion_hil.instruments.emulators import rack as racks
+from lumion_hil.instruments.emulators import rack_machine
 from lumion_hil.instruments.emulators import sshd as sshds
 from lumion_hil.instruments.emulators.bench import EmulatedBench
 from lumion_hil.instruments.emulators.nccl_tests import PROGRAMS
+from lumion_hil.instruments.emulators.rack import Rack
+from lumion_hil.instruments.emulators.rack_spec import FABRIC_IFNAME, RackHost, RackNic, RackSpec
 
 PERF_PORT_OFFSET = 1  # nccl-tests' rendezvous: the job's master port + 1, so both can run
 # The bandwidth tests' libraries (netns.collectives), as the run record describes them, and the
@@ -56,7 +58,7 @@ class NetnsUnavailable(RuntimeError):
 
 def available() -> tuple[bool, str]:
     """Whether a namespaced bench can be built here, and if not, why."""
-    for check in (racks.available, sshds.available):
+    for check in (rack_machine.available, sshds.available):
         ok, why = check()
         if not ok:
             return False, why
@@ -74,7 +76,7 @@ class NetnsBench(EmulatedBench):
     def __init__(self, bench: Any):
         super().__init__(bench)
         self.settings = bench.netns
-        self.rack: racks.Rack | None = None
+        self.rack: Rack | None = None
         self.keys: sshds.SshKeys | None = None
         self.sshd: dict[str, sshds.HostSshd] = {}
         self.plane: DataPlane | None = None
@@ -88,9 +90,9 @@ class NetnsBench(EmulatedBench):
         if not ok:
             raise NetnsUnavailable(f"bench {self.bench.name!r}: the namespaced bench cannot be built here: {why}")
         try:
-            racks.Rack.clean_up_stale()  # what a run killed outright left behind
+            Rack.clean_up_stale()  # what a run killed outright left behind
             self.run_dir = Path(tempfile.mkdtemp(prefix="lumion-hil-netns-"))
-            self.rack = racks.Rack(rack_spec(self.bench)).build()
+            self.rack = Rack(rack_spec(self.bench)).build()
             self.world_service_host = self.rack.mgmt_gateway
             super().start()  # the instruments' emulators and the world's service, on the management network
             hosts = self.bench.topology.hosts
@@ -197,7 +199,7 @@ class NetnsBench(EmulatedBench):
     def fabric_env(self, host, fabric: str) -> dict[str, str]:
         """gloo and Open MPI bind one address per host: the host's fabric address on the
         optical circuits (rack.py routes it over them), its electrical NIC on the rack."""
-        ifname = self.bench.electrical.interface if fabric == "electrical" else racks.FABRIC_IFNAME
+        ifname = self.bench.electrical.interface if fabric == "electrical" else FABRIC_IFNAME
         return {"GLOO_SOCKET_IFNAME": ifname, "OMPI_MCA_btl_tcp_if_include": ifname}
 
     def job_argv(self, job, ranks: list[str]) -> list[str]:
@@ -325,18 +327,18 @@ class NetnsBench(EmulatedBench):
         return size_bytes / cost.time_s / 1e9 * bus_factor(collective, len(ranks))
 
 
-def rack_spec(bench) -> "racks.RackSpec":
+def rack_spec(bench) -> RackSpec:
     """The rack the bench file describes, at ``netns.rate_scale`` of its rates."""
     scale = bench.netns.rate_scale
     rack = bench.electrical
     hosts = []
     for host in bench.topology.hosts:
-        nics = [racks.RackNic(host.name, nic.name, nic.interface or nic.name,
-                              nic.rate_gbps * 1000 * scale * host.emulation.link_rate_factor) for nic in host.nics]
-        hosts.append(racks.RackHost(host.name, nics, rack=rack.rack_of(host.name) if rack else "rack0",
-                                    electrical_ifname=rack.interface if rack else None))
-    return racks.RackSpec(hosts, electrical_mbit=rack.nic_gbps.value * 1000 * scale if rack else None,
-                          uplink_mbit=uplink_mbit(bench) if rack else None)
+        nics = [RackNic(host.name, nic.name, nic.interface or nic.name,
+                        nic.rate_gbps * 1000 * scale * host.emulation.link_rate_factor) for nic in host.nics]
+        hosts.append(RackHost(host.name, nics, rack=rack.rack_of(host.name) if rack else "rack0",
+                              electrical_ifname=rack.interface if rack else None))
+    return RackSpec(hosts, electrical_mbit=rack.nic_gbps.value * 1000 * scale if rack else None,
+                    uplink_mbit=uplink_mbit(bench) if rack else None)
 
 
 def uplink_mbit(bench) -> dict[str, float]:
