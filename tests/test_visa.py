@@ -11,35 +11,25 @@ from lumion_hil.instruments.protocols import InstrumentIOError
 from lumion_hil.instruments.visa import VisaSession
 
 
-class Bare:
-    """A driver of nothing but its session: the session's own behaviour, seen from the wire."""
-
-    def __init__(self, session: VisaSession):
-        self.session = session
-
-    def close(self) -> None:
-        self.session.close()
-
-
-def bare(instrument) -> Bare:
-    return Bare(VisaSession("meter", "TCPIP0::meter.lab::5025::SOCKET", timeout_s=0.05,
-                            opener=instrument.open_resource))
+def in_memory(instrument) -> VisaSession:
+    """The session alone, as the driver (it has close())."""
+    return VisaSession("meter", "TCPIP0::meter.lab::5025::SOCKET", timeout_s=0.05, opener=instrument.open_resource)
 
 
 def test_after_a_failed_exchange_the_next_command_goes_on_a_new_connection():
     """A late answer to the first question then arrives on the old connection, never as the
     answer to the second."""
-    with expect_dialogue(bare, [("*IDN?", None), (":SENS1:POW:UNIT?", "+0")]) as meter:
+    with expect_dialogue(in_memory, [("*IDN?", None), (":SENS1:POW:UNIT?", "+0")]) as visa:
         with pytest.raises(InstrumentIOError, match="timed out"):
-            meter.session.query("*IDN?")
-        assert meter.session.query(":SENS1:POW:UNIT?") == "+0"
-        assert meter.session.reconnects == 1
+            visa.query("*IDN?")
+        assert visa.query(":SENS1:POW:UNIT?") == "+0"
+        assert visa.reconnects == 1
 
 
 def test_a_reply_that_is_not_text_is_an_error():
-    with expect_dialogue(bare, [("*IDN?", b"\xff\xfe\n")]) as meter:
+    with expect_dialogue(in_memory, [("*IDN?", b"\xff\xfe\n")]) as visa:
         with pytest.raises(InstrumentIOError, match=r"^meter: '\*IDN\?': reply is not text$"):
-            meter.session.query("*IDN?")
+            visa.query("*IDN?")
 
 
 def test_a_query_whose_connection_drops_is_asked_once_more_on_a_new_one():
