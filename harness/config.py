@@ -107,8 +107,23 @@ class SwitchEmulation(_Model):
                               "partial, garbage, errors, busy, power_loss=S (lumion-hil emulate --help)")
     product_code: str | None = Field(None, description="the product code *IDN? reports (default "
                                      "N-VST-<in>x<out>-HU1-EMU), for scripts that check for their model")
+    swapped_ports: list[tuple[PositiveInt, PositiveInt]] = Field(
+        default=[], description="pairs of ports whose fibres are each other's (a patch-panel mistake): the fibre "
+        "the bench file lands on one is really on the other. Found by lumion-hil bench wiring")
 
     _faults = field_validator("faults")(_instrument_faults)
+
+    @field_validator("swapped_ports")
+    @classmethod
+    def _swaps(cls, value: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        seen: set[int] = set()
+        for a, b in value:
+            if a == b:
+                raise ValueError(f"[{a}, {b}] swaps a port with itself")
+            if {a, b} & seen:
+                raise ValueError(f"[{a}, {b}]: a port may be in one swap only")
+            seen |= {a, b}
+        return value
 
     @field_validator("connection_loss_db")
     @classmethod
@@ -233,6 +248,9 @@ class HostEmulation(_Model):
                                     "of this host really carries (1: all of it)")
     silent_data_corruption: bool = Field(False, description="its GPU returns wrong results without an error")
     link_flaps: NonNegativeInt = Field(0, description="times a link comes up and drops again before it stays up")
+    tx_shortfall_db: dict[str, NonNegativeFloat] = Field(default={}, description="NIC port -> dB its transmitter "
+                                                         "launches below the bench file's launch_dbm (a weak or "
+                                                         "ageing transmitter). Found by lumion-hil bench budget")
     faults: list[str] = Field(default=[], description="faults of its agent from the start: drop, stall, delay=S, "
                               "partial, garbage, errors, power_loss (python -m lumion_hil.instruments.emulators.agent --help)")
 
@@ -246,6 +264,13 @@ class Host(_Model):
     gpus: list[Gpu] = Field(min_length=1)
     nics: list[NicPort] = Field(min_length=1)
     emulation: HostEmulation = HostEmulation()
+
+    @model_validator(mode="after")
+    def _shortfall_of_own_nics(self) -> "Host":
+        unknown = sorted(set(self.emulation.tx_shortfall_db) - {n.name for n in self.nics})
+        if unknown:
+            raise ValueError(f"emulation.tx_shortfall_db names {', '.join(unknown)}: not a NIC port of {self.name}")
+        return self
 
     @property
     def emulated(self) -> bool:
@@ -650,6 +675,11 @@ class Bench(_Model):
             seen_in.add(ingress)
             seen_out.add(egress)
         if switch is not None:
+            for si, (a, b) in enumerate(switch.emulation.swapped_ports):
+                if not ({a, b} <= set(switch.ingress_ports) or {a, b} <= set(switch.egress_ports)):
+                    bad(f"instruments.{self.topology.switch}.emulation.swapped_ports[{si}]",
+                        f"[{a}, {b}]: a fibre swap is between two ingress ports or two egress ports of "
+                        f"{self.topology.switch!r}")
             for pi, port in enumerate(self.safety.protected_ports):
                 if port not in switch.ingress_ports and port not in switch.egress_ports:
                     bad(f"safety.protected_ports[{pi}]", f"port {port} is not a port of {self.topology.switch!r}")

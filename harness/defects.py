@@ -103,6 +103,43 @@ def _silent_data_corruption(data, value):
         _emulation(h)["silent_data_corruption"] = True
 
 
+def _nic(data: dict, where: str) -> tuple[dict, dict]:
+    """``HOST.NIC`` -> (the host's data, the NIC's data)."""
+    host_name, dot, nic_name = where.partition(".")
+    if not dot:
+        raise DefectError(f"{where!r} is not HOST.NIC (e.g. host1.p0)")
+    (host,) = _hosts(data, host_name)
+    nic = next((n for n in host["nics"] if n["name"] == nic_name), None)
+    if nic is None:
+        raise DefectError(f"host {host_name!r} has no NIC port {nic_name!r}")
+    return host, nic
+
+
+def _swapped_fibres(data, value):
+    """Two NICs' duplex cords swapped at the patch panel: each one's transmit fibre lands where
+    the other's should, and so does each one's receive fibre."""
+    if value is None:  # the first NIC of the second host and of the last: a rank's and the spare's
+        hosts = data["topology"]["hosts"]
+        value = f"{hosts[1]['name']}.{hosts[1]['nics'][0]['name']},{hosts[-1]['name']}.{hosts[-1]['nics'][0]['name']}"
+    ends = [w.strip() for w in value.split(",")]
+    if len(ends) != 2 or ends[0] == ends[1]:
+        raise DefectError(f"swapped_fibres takes two NICs, HOST.NIC,HOST.NIC (got {value!r})")
+    (_, a), (_, b) = (_nic(data, end) for end in ends)
+    swaps = _emulation(_switch(data)).setdefault("swapped_ports", [])
+    for pair in ([a["tx_port"], b["tx_port"]], [a["rx_port"], b["rx_port"]]):
+        if not any(set(pair) == set(done) for done in swaps):  # a bench served with it already has it
+            swaps.append(pair)
+
+
+def _weak_transmitter(data, value):
+    db, where = _split(value)
+    if where is None:
+        first = data["topology"]["hosts"][0]
+        where = f"{first['name']}.{first['nics'][0]['name']}"
+    host, nic = _nic(data, where)
+    _emulation(host).setdefault("tx_shortfall_db", {})[nic["name"]] = _number(db, "weak_transmitter's dB")
+
+
 def _controller(factory: str, **fixed):
     def apply(data, value):
         recovery = data.setdefault("recovery", {})
@@ -122,6 +159,11 @@ CATALOGUE: dict[str, Defect] = {d.name: d for d in (
     Defect("slow_switch", "the switch takes N times longer per connection", "10", _slow_switch),
     Defect("lossy_connector", "+N dB at one port (DB@PORT; default: the first baseline circuit's egress)", "8",
            _lossy_connector),
+    Defect("swapped_fibres", "two NICs' fibres swapped at the patch panel, both directions (HOST.NIC,HOST.NIC; "
+           "default: the first NIC of the second host and of the last): the bench file says where they should be",
+           None, _swapped_fibres),
+    Defect("weak_transmitter", "a NIC's transmitter launches N dB below the bench file's launch_dbm (DB@HOST.NIC; "
+           "default: the first host's first NIC)", "3", _weak_transmitter),
     Defect("crosstalk", "every dark egress port sees the lit ingress ports' light, N dB down", "-10", _crosstalk),
     Defect("wrong_switch_size", "the switch reports N more ports each side than the bench file says", "8",
            _wrong_switch_size),

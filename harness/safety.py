@@ -25,6 +25,10 @@ class GuardedSwitch(OpticalSwitch):
     def _off_limits(self, port: int) -> bool:
         return port in self.protected_ports or (self.owned_ports is not None and port not in self.owned_ports)
 
+    def may_switch(self, port: int) -> bool:
+        """Whether this bench may switch ``port`` (neither protected nor another bench's)."""
+        return not self._off_limits(port)
+
     def _refuse_protected(self, what: str, ports: Iterable[int]) -> None:
         ports = set(ports)
         touched = sorted(ports & self.protected_ports)

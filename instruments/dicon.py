@@ -175,6 +175,15 @@ class DiconMatrix(OpticalSwitch):
     def size(self) -> tuple[int, int]:
         return self.ingress, self.egress
 
+    def read_size(self) -> tuple[int, int]:
+        """(inputs, outputs) as the matrix reports them (``X1 DIM?``), not as it was opened with."""
+        command = f"X{self.module} DIM?"
+        reply = self._query(command)
+        m = re.fullmatch(r"(\d+)\s*,\s*(\d+)", reply)
+        if not m:
+            raise InstrumentIOError(self.name, command, "unexpected reply (expected '<inputs>,<outputs>')", reply)
+        return int(m.group(1)), int(m.group(2))
+
     def connections(self) -> dict[int, int]:
         out = {}
         for ingress in range(1, self.ingress + 1):

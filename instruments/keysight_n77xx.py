@@ -39,6 +39,16 @@ class KeysightN77xx(ScpiInstrument, PowerMeter):
     def identify(self) -> Identity:
         return self.identity
 
+    def installed_channels(self, most: int = 8) -> int:
+        """How many power-meter ports the mainframe has, as it reports them (``:SLOT<n>:EMPTy?``
+        is 0 for a fitted one), counted from port 1 until the first empty one."""
+        count = 0
+        for slot in range(1, most + 1):
+            if self.ask(f":SLOT{slot}:EMPT?", lambda r: int(float(r))) != 0:
+                break
+            count = slot
+        return count
+
     def _ch(self, channel: int) -> int:
         if not 1 <= channel <= self.channels:
             raise ValueError(f"{self.name}: channel {channel} out of 1..{self.channels}")

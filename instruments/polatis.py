@@ -141,6 +141,14 @@ class PolatisSwitch(ScpiInstrument, OpticalSwitch):
     def has_power_monitors(self) -> bool:
         return self._power_monitors
 
+    def probe_power_monitors(self) -> bool:
+        """Whether this unit has power monitors, asked of it: a monitor query answered beside
+        ``*OPC?`` on one line (a unit without them answers only the ``*OPC?``, and queues an
+        error, cleared here)."""
+        reply = self.ask(":PMON:POW? (@1);*OPC?")
+        self.clear_status()
+        return "(" in reply
+
     def port_power_dbm(self, ports: Iterable[int]) -> dict[int, float]:
         if not self._power_monitors:
             return super().port_power_dbm(ports)

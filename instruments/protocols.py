@@ -293,3 +293,12 @@ class GpuHost(abc.ABC):
 
     def close(self) -> None:
         """Release the agent."""
+
+
+class TransmitterControl(abc.ABC):
+    """A capability of some hosts: turning one NIC's transmitter (its laser) off and on, so
+    that the light it feeds a switch port can be found by watching for it to go out."""
+
+    @abc.abstractmethod
+    def set_transmitter(self, interface: str, on: bool) -> dict:
+        """``{"interface", "on", "t_ns"}``; a host that cannot refuses with the reason."""

@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.description = __doc__
     parser.add_argument("--world", required=True, help="HOST:PORT of the emulated world service")
     parser.add_argument("--host", required=True, help="this host's name in the bench")
-    parser.add_argument("--interfaces", default="", help="interface=nic,... pairs")
+    parser.add_argument("--interfaces", default="", help="interface=nic,... pairs (default: every optical NIC the "
+                                                         "world gives the host, as a kernel lists its interfaces)")
     parser.add_argument("--notify-latency-s", type=float, default=0.0,
                         help="how late the kernel tells the agent of a link change (a defect)")
     parser.add_argument("--links", choices=("world", "sysfs"), default="world",
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     clock_ns = clock_with_offset(offset)
     world = WorldClient(args.world)
     interfaces = dict(pair.split("=", 1) for pair in args.interfaces.split(",") if pair)
+    if not interfaces and args.links == "world":
+        interfaces = world.call("nics", host=args.host)
     links = (SysfsLinks(args.sysfs, clock_ns) if args.links == "sysfs"
              else WorldLinks(world, args.host, interfaces, clock_ns, args.notify_latency_s))
     Agent(NvmlGpus(FakeNvml(world, args.host), clock_ns), links,

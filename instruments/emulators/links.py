@@ -20,6 +20,7 @@ class WorldLinks(SysfsLinks):
         self.nic_of = interfaces  # interface -> NIC name in the bench
         self.clock_ns = clock_ns
         self.latency_s = latency_s  # the emulated kernel's delay in telling the agent (a defect)
+        self.dark: set[str] = set()
 
     def interfaces(self) -> list[str]:
         return sorted(self.nic_of)
@@ -33,7 +34,13 @@ class WorldLinks(SysfsLinks):
         link = self.world.call("link", host=self.host, nic=self._nic(interface))
         return {"interface": interface, "carrier": link["carrier"], "operstate": link["operstate"],
                 "t_ns": self.clock_ns(), **{k: link[k] for k in ("carrier_changes", "carrier_up_count",
-                                                                   "carrier_down_count") if k in link}}
+                                                                   "carrier_down_count", "speed_mbps") if k in link}}
+
+    def set_transmitter(self, interface: str, on: bool) -> dict:
+        """The NIC's laser off or on: its light leaves (or comes back to) the fibre it is on."""
+        self.world.call("set_transmitter", host=self.host, nic=self._nic(interface), on=bool(on))
+        (self.dark.discard if on else self.dark.add)(interface)
+        return {"interface": interface, "on": bool(on), "t_ns": self.clock_ns()}
 
     def wait(self, interface: str, up: bool, timeout_s: float) -> dict:
         deadline = time.monotonic() + timeout_s

@@ -110,11 +110,32 @@ class GpuState:
 LINK_STATES = ("dark", "light", "locked", "up")
 
 
+def as_wired(bench: Any) -> Any:
+    """The bench as it is really wired and lit, where its emulation says the bench file is
+    wrong: fibres swapped between ports (the switch's ``swapped_ports``) and transmitters
+    weaker than their ``launch_dbm`` (a host's ``tx_shortfall_db``). The world's light follows
+    this; the harness reads the bench file, and finds the difference by measuring."""
+    swaps = bench.switch.emulation.swapped_ports
+    if not swaps and not any(h.emulation.tx_shortfall_db for h in bench.topology.hosts):
+        return bench
+    really = {}
+    for a, b in swaps:
+        really[a], really[b] = b, a
+    hosts = []
+    for host in bench.topology.hosts:
+        shortfall = host.emulation.tx_shortfall_db
+        nics = [n.model_copy(update={"tx_port": really.get(n.tx_port, n.tx_port),
+                                     "rx_port": really.get(n.rx_port, n.rx_port),
+                                     "launch_dbm": n.launch_dbm - shortfall.get(n.name, 0.0)}) for n in host.nics]
+        hosts.append(host.model_copy(update={"nics": nics}))
+    return bench.model_copy(update={"topology": bench.topology.model_copy(update={"hosts": hosts})})
+
+
 class World:
     """Light, loss and switch state of the whole emulated bench, over time."""
 
     def __init__(self, bench: Any, clock_ns=time.perf_counter_ns):
-        self.bench = bench
+        self.bench = bench = as_wired(bench)
         self.now_ns = clock_ns
         self.time_scale = bench.emulator.time_scale
         self.lock = threading.RLock()
@@ -370,6 +391,14 @@ class World:
             self._source_on.setdefault(ingress, _History(True)).set(t, on)
             self._touch(ingress)
             self.record(t, "source", str(ingress), on=on)
+
+    def set_transmitter(self, host: str, nic: str, on: bool) -> int:
+        """A host turns one NIC's transmitter off or on (its laser: what a host's agent does for
+        the fibre walk); the light goes out, or comes back, at the port its fibre really lands on."""
+        spec, _ = self._nic(host, nic)
+        t = self.now_ns()
+        self.set_source(spec.tx_port, bool(on), t)
+        return t
 
     def heal(self) -> None:
         """Every fault undone: failed GPUs repaired, ports enabled, extra losses gone (the

@@ -100,8 +100,20 @@ class WorldService:
         carrier counters. No instants: the agent stamps what it sees, as on a real host."""
         state, _ = self.world.link_state(host, nic)
         up = state == "up"
+        spec, _ = self.world._nic(host, nic)
         return {"carrier": 1 if up else 0, "operstate": "up" if up else ("lowerlayerdown" if state == "dark" else "down"),
+                "speed_mbps": int(spec.rate_gbps * 1000) if up else None,  # as sysfs: no speed while down
                 **self.world.carrier_counters(host, nic)}
+
+    def rpc_nics(self, host: str) -> dict[str, str]:
+        """The host's optical interfaces as its kernel lists them: interface -> the NIC it is."""
+        if host not in self.world.hosts:
+            raise KeyError(f"no host {host!r} in this world; hosts: {', '.join(self.world.hosts)}")
+        return {n.interface or n.name: n.name for n in self.world.hosts[host].nics}
+
+    def rpc_set_transmitter(self, host: str, nic: str, on: bool) -> int:
+        """A host's agent turns a NIC's laser off or on."""
+        return self.world.set_transmitter(host, nic, bool(on))
 
     def rpc_wait_link_event(self, host: str, nic: str, carrier: int, timeout_s: float) -> bool:
         """What netlink's RTNLGRP_LINK gives a real host: a wake-up when the link's carrier is no

@@ -70,6 +70,11 @@ class Agent:
     def rpc_wait_link(self, interface: str, up: bool, timeout_s: float) -> dict:
         return self.links.wait(interface, up, timeout_s)
 
+    def rpc_transmitter(self, interface: str, on: bool) -> dict:
+        """Turn an interface's transmitter off or on (the fibre walk); any left off are turned
+        on again when the harness's session ends."""
+        return self.links.set_transmitter(interface, bool(on))
+
     def rpc_job_start(self, command: list, fields: dict, env: dict | None = None) -> dict:
         return self.jobs.start(command, fields, env)
 
@@ -178,6 +183,7 @@ class Agent:
                     break
         finally:
             self.jobs.stop(timeout_s=5)  # the harness is gone: leave no job running
+            self.links.restore_transmitters()  # nor a transmitter dark
 
 
 def parser(prog: str = "python -m lumion_hil.agent") -> argparse.ArgumentParser:

@@ -12,7 +12,8 @@ import time
 
 from lumion_hil.instruments import transcript
 from lumion_hil.instruments.gpu_host import wire
-from lumion_hil.instruments.protocols import ClockMapping, GpuHost, InstrumentError, InstrumentIOError
+from lumion_hil.instruments.protocols import (ClockMapping, GpuHost, InstrumentError, InstrumentIOError,
+                                              TransmitterControl)
 
 # Calls that only read the host: after the agent's session is lost, the client starts it again and
 # asks once more (nothing on the host changes by asking twice).
@@ -36,7 +37,7 @@ class _Gone(Exception):
         self.error = error
 
 
-class AgentClient(GpuHost):
+class AgentClient(GpuHost, TransmitterControl):
     def __init__(self, name: str, argv: list[str], *, timeout_s: float = 10.0, clock_ns=time.perf_counter_ns):
         self.name = name
         self.argv = argv
@@ -256,6 +257,11 @@ class AgentClient(GpuHost):
     def wait_link(self, interface: str, up: bool, timeout_s: float) -> dict:
         state = self.call("wait_link", timeout_s + self.timeout_s, interface=interface, up=up, timeout_s=timeout_s)
         return self._mapped(state, "t_ns", "since_ns")
+
+    def set_transmitter(self, interface: str, on: bool) -> dict:
+        """Turn the interface's transmitter (its laser) off or on; ``t_ns`` on the harness clock.
+        The agent turns any it left off on again when its session ends."""
+        return self._mapped(self.call("transmitter", interface=interface, on=bool(on)), "t_ns")
 
     def start_job(self, command: list[str], fields: dict, env: dict | None = None) -> dict:
         return self._mapped(self.call("job_start", command=command, fields=fields, env=env or {}), "started_ns")

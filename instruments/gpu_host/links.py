@@ -3,8 +3,10 @@ polling only where netlink is not available), or the emulated world's links."""
 
 from __future__ import annotations
 
+import os
 import select
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ class SysfsLinks:
     def __init__(self, root: str = SYSFS_NET, clock_ns=time.monotonic_ns):
         self.root = Path(root)
         self.clock_ns = clock_ns
+        self.dark: set[str] = set()  # interfaces whose transmitter this agent turned off
 
     def interfaces(self) -> list[str]:
         return sorted(p.name for p in self.root.iterdir()) if self.root.is_dir() else []
@@ -38,7 +41,52 @@ class SysfsLinks:
         for counter in ("carrier_changes", "carrier_up_count", "carrier_down_count"):
             value = self._read(interface, counter)
             out[counter] = int(value) if value and value.isdigit() else None
+        speed = self._read(interface, "speed")  # Mb/s; -1 or unreadable while the link is down
+        out["speed_mbps"] = int(speed) if speed and speed.isdigit() else None
         return out
+
+    # -- the transmitter (the fibre walk of lumion-hil bench wiring) --------------------------------
+
+    def set_transmitter(self, interface: str, on: bool) -> dict:
+        """Turn the interface's transmitter off (or on again): the interface is taken
+        administratively down (``ip link set dev IF down``; CAP_NET_ADMIN), which stops the
+        laser on NICs that drop the physical link on close (mlx5; Intel ice, i40e and E610 with
+        ``ethtool --set-priv-flags IF link-down-on-close on``). On a NIC that keeps its laser
+        lit, the walk sees no light go out and says so. Never the interface this agent's own
+        session (or the default route) runs over, nor the loopback."""
+        if not (self.root / interface).exists():
+            raise KeyError(f"no interface {interface!r} under {self.root}")
+        if on is False:
+            refused = self._refusal(interface)
+            if refused:
+                raise ValueError(f"{interface}: not turning its transmitter off: {refused}")
+        proc = subprocess.run(["ip", "link", "set", "dev", interface, "up" if on else "down"],
+                              capture_output=True, text=True, timeout=10)
+        if proc.returncode != 0:
+            raise OSError(f"ip link set dev {interface} {'up' if on else 'down'}: {proc.stderr.strip() or proc.returncode}")
+        (self.dark.discard if on else self.dark.add)(interface)
+        return {"interface": interface, "on": bool(on), "t_ns": self.clock_ns()}
+
+    def _refusal(self, interface: str) -> str | None:
+        if interface == "lo":
+            return "it is the loopback"
+        ssh = os.environ.get("SSH_CONNECTION", "").split()
+        routes = subprocess.run(["ip", "-o", "route", "show", "default"], capture_output=True, text=True).stdout
+        if f" dev {interface} " in f" {routes} ":
+            return "the default route runs over it"
+        if len(ssh) == 4:
+            addrs = subprocess.run(["ip", "-o", "addr", "show", "dev", interface], capture_output=True, text=True).stdout
+            if any(word.split("/")[0] == ssh[2] for word in addrs.split()):
+                return f"this agent's ssh session arrives on it ({ssh[2]})"
+        return None
+
+    def restore_transmitters(self) -> None:
+        """Every transmitter this agent turned off, on again (its session ended mid-walk)."""
+        for interface in sorted(self.dark):
+            try:
+                self.set_transmitter(interface, True)
+            except (OSError, KeyError, ValueError, subprocess.SubprocessError):
+                pass
 
     @staticmethod
     def is_up(state: dict) -> bool:
