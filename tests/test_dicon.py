@@ -38,6 +38,11 @@ def test_identify():
         assert switch.identify() == Identity("Dicon Fiberoptics Inc", "GP600", "19A0M10D0117", "7.0")
 
 
+def test_read_size_is_what_the_matrix_reports_not_what_it_was_opened_with():
+    with expect_dialogue(dicon, [("X1 DIM?", "8,24")]) as switch:
+        assert switch.read_size() == (8, 24)
+
+
 CONNECT = [("X1 CH 3 6", None), NO_ERROR, ("X1 CH 3?", "3,6")]
 
 
@@ -159,6 +164,11 @@ def test_emulator_identify(ocs, wire):
     with on_the_wire(wire, IDENTIFY, exact_replies=False):  # the serial number is the emulator's own
         identity = ocs.identify()
     assert (identity.vendor, identity.model) == ("Dicon Fiberoptics Inc", "GP600")
+
+
+def test_emulator_read_size(ocs, wire):
+    with on_the_wire(wire, [("X1 DIM?", "16,16")]):
+        ocs.read_size()
 
 
 def test_emulator_connect(ocs, wire, serial_bench):

@@ -178,6 +178,14 @@ def test_n77xx_switches_a_port_reading_watts_to_dbm_before_reading():
         assert meter.read_dbm(1) == -70.0
 
 
+N77XX_INSTALLED = [(f":SLOT{slot}:EMPT?", "+0") for slot in range(1, 5)] + [(":SLOT5:EMPT?", "+1")]
+
+
+def test_n77xx_counts_its_ports_up_to_the_first_empty_slot():
+    with expect_dialogue(n77xx, N77XX_INSTALLED) as meter:
+        assert meter.installed_channels() == 4
+
+
 def test_n77xx_a_port_it_does_not_have_is_refused_before_anything_is_sent():
     with expect_dialogue(n77xx, []) as meter:
         with pytest.raises(ValueError, match=r"^pm-lab: channel 5 out of 1\.\.4$"):
@@ -319,6 +327,11 @@ def test_emulator_n77xx_wavelength(pm_lab, pm_lab_wire):
 def test_emulator_n77xx_averaging_time(pm_lab, pm_lab_wire):
     with on_the_wire(pm_lab_wire, N77XX_AVERAGING_TIME):
         pm_lab.set_averaging_time_s(0.001, 1)
+
+
+def test_emulator_n77xx_installed_channels(pm_lab, pm_lab_wire):
+    with on_the_wire(pm_lab_wire, N77XX_INSTALLED):
+        pm_lab.installed_channels()
 
 
 def test_emulator_n77xx_read(pm_lab, pm_lab_wire):

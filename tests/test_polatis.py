@@ -126,6 +126,19 @@ def test_power_monitors_read_each_port_asked():
         assert switch.port_power_dbm([1, 20]) == {1: -1.3, 20: -50.0}
 
 
+PROBE_MONITORS = [(":PMON:POW? (@1);*OPC?", "(-1.30);1"), ("*CLS", None)]
+
+
+def test_a_unit_with_power_monitors_answers_the_monitor_query_beside_opc():
+    with expect_dialogue(polatis, PROBE_MONITORS) as switch:
+        assert switch.probe_power_monitors() is True
+
+
+def test_a_unit_without_power_monitors_answers_only_opc_and_the_error_it_queued_is_cleared():
+    with expect_dialogue(polatis, [(":PMON:POW? (@1);*OPC?", "1"), ("*CLS", None)]) as switch:
+        assert switch.probe_power_monitors() is False
+
+
 CONFLICT = [(":OXC:SWIT:CONN:ADD (@1),(@21);*OPC?", "1"), (":SYST:ERR:ALL?", '-221,"Settings conflict"')]
 
 
@@ -287,6 +300,11 @@ def test_emulator_power_monitors(ocs, wire):
     with on_the_wire(wire, POWER_MONITORS, exact_replies=False):  # the emulator's readings carry noise
         readings = ocs.port_power_dbm([1, 20])
     assert readings[1] == pytest.approx(-1.3, abs=0.2) and readings[20] == pytest.approx(-50.0, abs=0.2)
+
+
+def test_emulator_probe_power_monitors(ocs, wire):
+    with on_the_wire(wire, PROBE_MONITORS, exact_replies=False):  # the reading carries noise
+        assert ocs.probe_power_monitors() is True
 
 
 def test_emulator_conflict(ocs, wire, emulated):
