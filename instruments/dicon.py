@@ -10,6 +10,10 @@ naming what the switch reported; a read-back that differs is an error naming bot
 
 Bench port numbers follow the optical-switch convention (ingress 1..N, egress N+1..N+M); on the
 wire outputs are 1..M, so the driver maps between them.
+
+The line is opened by ``opener`` (pyserial's ``serial_for_url`` unless given another): the one
+place the transport is chosen, so the driver runs unchanged over any port object with pyserial's
+interface; the project's tests pass one in memory (tests/dialogue.py).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 import serial
 
@@ -35,7 +39,8 @@ from lumion_hil.instruments.protocols import (
 
 class DiconMatrix(OpticalSwitch):
     def __init__(self, name: str, port: str, *, ingress: int, egress: int, baud_rate: int = 115200,
-                 timeout_s: float = 5.0, pace_s: float = 0.0, module: int = 1):
+                 timeout_s: float = 5.0, pace_s: float = 0.0, module: int = 1,
+                 opener: Callable[..., serial.SerialBase] = serial.serial_for_url):
         self.name = name
         self.ingress, self.egress = ingress, egress
         self.module = module
@@ -47,8 +52,8 @@ class DiconMatrix(OpticalSwitch):
         try:
             # A device path, or a pyserial URL: socket://HOST:PORT or rfc2217://HOST:PORT for a
             # matrix behind ser2net (a labgrid NetworkSerialPort).
-            self._serial = serial.serial_for_url(device, baudrate=baud_rate, bytesize=8, parity="N", stopbits=1,
-                                                 timeout=timeout_s, write_timeout=timeout_s)
+            self._serial = opener(device, baudrate=baud_rate, bytesize=8, parity="N", stopbits=1,
+                                  timeout=timeout_s, write_timeout=timeout_s)
         except (serial.SerialException, OSError, ValueError) as exc:
             raise InstrumentError(name, f"open {device}", f"cannot open the serial port: {exc}") from None
 

@@ -2,6 +2,11 @@
 
 Every failure becomes an InstrumentError that names the instrument, the command and the reason
 (an InstrumentIOError when the exchange itself failed).
+
+A session reaches its instrument through an :class:`Opener`: :func:`open_resource` (pyvisa-py)
+unless it is given another. That is the one place a transport is chosen, so a driver built on a
+session runs unchanged over anything that opens a :class:`MessageResource`: the project's tests
+pass an instrument in memory that plays a scripted dialogue (tests/dialogue.py).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import socket
 from contextlib import contextmanager
 import threading
 import time
+from typing import Protocol, Sequence
 
 import pyvisa
 from pyvisa import constants, errors as visa_errors
@@ -31,6 +37,46 @@ def resource_manager() -> pyvisa.ResourceManager:
         return _rm
 
 
+class MessageResource(Protocol):
+    """What a session uses of an open instrument: a pyvisa message-based resource has all of it.
+    Failures are pyvisa's (``VisaIOError``; a timeout is ``StatusCode.error_timeout``) or
+    ``OSError`` (``ConnectionError`` when the instrument closed the connection)."""
+
+    timeout: float  # milliseconds, as pyvisa counts them
+
+    def write(self, message: str) -> int: ...
+
+    def query(self, message: str) -> str: ...
+
+    def query_binary_values(self, message: str, datatype: str, is_big_endian: bool) -> Sequence[float]: ...
+
+    def close(self) -> None: ...
+
+
+class Opener(Protocol):
+    """Opens ``resource`` for a session: within ``connect_within_s`` it is open or fails (an
+    ``OSError``, a pyvisa error or a ``ValueError``, which the session turns into an
+    InstrumentError naming the instrument); ``timeout_s`` is then each exchange's deadline."""
+
+    def __call__(self, resource: str, *, timeout_s: float, connect_within_s: float, read_termination: str,
+                 write_termination: str) -> MessageResource: ...
+
+
+def open_resource(resource: str, *, timeout_s: float, connect_within_s: float, read_termination: str,
+                  write_termination: str) -> MessageResource:
+    """The usual opener: pyvisa-py's resource manager. A raw socket is probed first (pyvisa-py
+    connects without waiting for the answer, so a dead instrument would only show at the first
+    query) and gets Nagle's algorithm turned off."""
+    m = _SOCKET.fullmatch(resource.strip())
+    if m:
+        socket.create_connection((m.group(1), int(m.group(2))), timeout=connect_within_s).close()
+    res = resource_manager().open_resource(resource, timeout=int(timeout_s * 1000), read_termination=read_termination,
+                                           write_termination=write_termination)
+    if m:
+        _no_delay(res)
+    return res
+
+
 class VisaSession:
     """Write, read and query text lines; paced when the instrument needs it.
 
@@ -38,7 +84,9 @@ class VisaSession:
     opened afresh before the next one, so a late or half reply can never pass for the answer to a
     later command. Only a pure query (every part of the line ends in ``?``) is sent again, once,
     and only when the connection was lost: asking twice changes nothing on the instrument. A set
-    command is never repeated here; the driver reads the instrument back and decides."""
+    command is never repeated here; the driver reads the instrument back and decides.
+
+    ``opener`` reaches the instrument: :func:`open_resource` (pyvisa-py) unless given another."""
 
     def __init__(
         self,
@@ -49,38 +97,33 @@ class VisaSession:
         read_termination: str = "\n",
         write_termination: str = "\n",
         pace_s: float = 0.0,
+        opener: Opener = open_resource,
     ):
         self.name = name
         self.resource_name = resource
         self.timeout_s = timeout_s
         self.pace_s = pace_s
         self._terminations = {"read_termination": read_termination, "write_termination": write_termination}
+        self._opener = opener
         self._last_write = 0.0
         self._lock = threading.RLock()
         self._dirty = False
         self.reconnects = 0
         self._res = self._open(time.monotonic() + timeout_s)
 
-    def _open(self, deadline: float):
+    def _open(self, deadline: float) -> MessageResource:
         """Open the resource; while the instrument refuses connections (rebooting after a power
         loss), try again until ``deadline``."""
         while True:
             try:
-                _probe_socket(self.name, self.resource_name, max(0.05, deadline - time.monotonic()))
-                res = resource_manager().open_resource(self.resource_name, timeout=int(self.timeout_s * 1000),
-                                                       **self._terminations)
-                break
-            except InstrumentError:
-                if time.monotonic() >= deadline:
-                    raise
+                return self._opener(self.resource_name, timeout_s=self.timeout_s,
+                                    connect_within_s=max(0.05, deadline - time.monotonic()), **self._terminations)
             except (visa_errors.Error, OSError, ValueError) as exc:
                 if time.monotonic() >= deadline:
+                    reason = (exc.strerror if isinstance(exc, OSError) else None) or exc
                     raise InstrumentError(self.name, f"open {self.resource_name}",
-                                          f"cannot open the instrument: {exc}") from None
+                                          f"cannot open the instrument: {reason}") from None
             time.sleep(0.05)  # the instrument's network stack is not listening yet: ask again shortly
-        if _SOCKET.fullmatch(self.resource_name.strip()):
-            _no_delay(res)
-        return res
 
     def _reopen(self, deadline: float) -> None:
         try:
@@ -92,6 +135,9 @@ class VisaSession:
         self.reconnects += 1
 
     def _socket(self) -> socket.socket | None:
+        """The raw socket under a pyvisa-py session, if that is what the opener gave."""
+        if not isinstance(self._res, pyvisa.resources.Resource):
+            return None
         interface = getattr(self._res.visalib.sessions.get(self._res.session), "interface", None)
         return interface if isinstance(interface, socket.socket) else None
 
@@ -206,18 +252,6 @@ def _no_delay(res) -> None:
     interface = getattr(res.visalib.sessions.get(res.session), "interface", None)
     if isinstance(interface, socket.socket):
         interface.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def _probe_socket(name: str, resource: str, timeout_s: float) -> None:
-    """pyvisa-py connects raw sockets without waiting for the answer, so a dead instrument would
-    only show at the first query; find out now, and say so plainly."""
-    m = _SOCKET.fullmatch(resource.strip())
-    if not m:
-        return
-    try:
-        socket.create_connection((m.group(1), int(m.group(2))), timeout=timeout_s).close()
-    except OSError as exc:
-        raise InstrumentError(name, f"open {resource}", f"cannot open the instrument: {exc.strerror or exc}") from None
 
 
 def _why(exc: Exception) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -71,15 +72,22 @@ def pytest_runtest_setup(item) -> None:
                     f"{mark.kwargs['why']}", pytrace=False)
 
 
+@functools.cache
+def _default_bench(time_scale: float | None):
+    return load_bench(BENCHES / "emulated.yaml", time_scale=time_scale)
+
+
 @pytest.fixture
 def bench_cfg():
-    return load_bench(BENCHES / "emulated.yaml")
+    """The default bench, parsed once a session (a parse costs about 30 ms of CPU, and some fifty
+    tests start from it); each test gets a deep copy of its own."""
+    return _default_bench(None).model_copy(deep=True)
 
 
 @pytest.fixture
 def fast_bench_cfg():
     """The default bench at a tenth of real time."""
-    return load_bench(BENCHES / "emulated.yaml", time_scale=0.1)
+    return _default_bench(0.1).model_copy(deep=True)
 
 
 @pytest.fixture

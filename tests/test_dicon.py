@@ -1,128 +1,209 @@
-"""The DiCon GP600-class serial matrix: dialogues on a pseudo-terminal through pyserial, the same cases
-against its emulator, and its errors."""
+"""The DiCon GP600-class serial matrix: what the driver sends and what it makes of the answers, as
+dialogues on a serial port in memory; then the same dialogues against its emulator on a
+pseudo-terminal through pyserial; then what only the emulator shows."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
-
 import pytest
 
-from dialogue import SerialDialogue
+from conftest import BENCHES
+from dialogue import expect_dialogue, on_the_wire
 from lumion_hil.harness.config import load_bench
 from lumion_hil.instruments.dicon import DiconMatrix
 from lumion_hil.instruments.emulators.bench import EmulatedBench
-from lumion_hil.instruments.protocols import InstrumentError
-from conftest import BENCHES
+from lumion_hil.instruments.emulators.scpi_transports import PtyLineServer, TcpScpiServer
+from lumion_hil.instruments.protocols import Identity, InstrumentError, InstrumentIOError
 
+NO_ERROR = ("SYST:ERR?", "+0, No Error")
 ALL_PARKED = [(f"X1 CH {i}?", f"{i},0") for i in range(1, 17)]
-OK = ("SYST:ERR?", "+0, No Error")
 
 
-@dataclass
-class Case:
-    name: str
-    action: Callable[[DiconMatrix], Any]
-    dialogue: list[tuple[str, str | None]]
-    check: Callable[[Any], bool] = lambda r: True
-    setup: Callable[[Any], None] = lambda world: None
-    world_after: Callable[[Any], bool] = field(default=lambda world: True)
-    raises: str | None = None
-    exact_replies: bool = True
-    emulated: bool = True  # False: the emulator cannot be made to misbehave this way
+def dicon(instrument, timeout_s: float = 0.05) -> DiconMatrix:
+    """The driver over a serial port in memory; a short deadline, for the silent cases."""
+    return DiconMatrix("ocs", "/dev/ttyUSB0", ingress=16, egress=16, timeout_s=timeout_s,
+                       opener=instrument.serial_for_url)
 
 
-CASES = [
-    Case("identify", lambda sw: sw.identify(), [("*IDN?", "Dicon Fiberoptics Inc, GP600, 19A0M10D0117, 7.0")],
-         check=lambda i: i.vendor == "Dicon Fiberoptics Inc" and i.model == "GP600", exact_replies=False),
-    Case("connect reads back", lambda sw: sw.connect([(3, 22)]), [("X1 CH 3 6", None), OK, ("X1 CH 3?", "3,6")],
-         world_after=lambda w: w.connections() == {3: 22} and w.port_power_dbm(22) is not None),
-    Case("disconnect parks", lambda sw: sw.disconnect([(3, 22)]), [("X1 CH 3 0", None), OK, ("X1 CH 3?", "3,0")],
-         setup=lambda w: w.connect([(3, 22)]), world_after=lambda w: w.connections() == {}),
-    Case("connections", lambda sw: sw.connections(),
-         [(q, "3,6" if q == "X1 CH 3?" else r) for q, r in ALL_PARKED],
-         setup=lambda w: w.connect([(3, 22)]), check=lambda r: r == {3: 22}),
-    Case("park all", lambda sw: sw.disconnect_all(), [("X1 CH * 0", None), OK, *ALL_PARKED],
-         setup=lambda w: w.connect([(3, 22), (4, 17)]), world_after=lambda w: w.connections() == {}),
-    Case("read-back mismatch is an error", lambda sw: sw.connect([(3, 22)]),
-         [("X1 CH 3 6", None), OK, ("X1 CH 3?", "3,0")], raises="read back output 0, expected 6", emulated=False),
-    Case("a refused move is an error naming what the switch said", lambda sw: sw.connect([(3, 22)]),
-         [("X1 CH 3 6", None), ("SYST:ERR?", "-200, Execution error; busy"), OK],
-         raises="instrument reported: -200 Execution error; busy", emulated=False),
-    Case("error reply is an error", lambda sw: sw.connect([(3, 22)]), [("X1 CH 3 6", None), OK, ("X1 CH 3?", "ERR")],
-         raises="unexpected reply", emulated=False),
-    Case("a port outside the matrix is refused before anything is sent", lambda sw: sw.connect([(3, 40)]), [],
-         raises="40 is not an egress port"),
-]
+def dicon_at(port: str, timeout_s: float = 2.0) -> DiconMatrix:
+    return DiconMatrix("ocs", port, ingress=16, egress=16, timeout_s=timeout_s)
 
 
-def _open(resource: str, timeout_s: float = 2.0) -> DiconMatrix:
-    return DiconMatrix("ocs", resource, ingress=16, egress=16, timeout_s=timeout_s)
+# -- dialogues --------------------------------------------------------------------------------------
+
+IDENTIFY = [("*IDN?", "Dicon Fiberoptics Inc, GP600, 19A0M10D0117, 7.0")]
 
 
-def _run(case: Case, switch: DiconMatrix):
-    if case.raises:
-        with pytest.raises(InstrumentError) as err:
-            case.action(switch)
-        assert case.raises in str(err.value) and "ocs" in str(err.value)
-        return
-    result = case.action(switch)
-    assert case.check(result), f"unexpected result {result!r}"
+def test_identify():
+    with expect_dialogue(dicon, IDENTIFY) as switch:
+        assert switch.identify() == Identity("Dicon Fiberoptics Inc", "GP600", "19A0M10D0117", "7.0")
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_dialogue(case):
-    with SerialDialogue(case.dialogue) as dialogue:
-        switch = _open(dialogue.resource)
-        try:
-            _run(case, switch)
-        finally:
-            switch.close()
-        dialogue.check()
+def test_read_size_is_what_the_matrix_reports_not_what_it_was_opened_with():
+    with expect_dialogue(dicon, [("X1 DIM?", "8,24")]) as switch:
+        assert switch.read_size() == (8, 24)
+
+
+CONNECT = [("X1 CH 3 6", None), NO_ERROR, ("X1 CH 3?", "3,6")]
+
+
+def test_connect_moves_the_input_then_waits_on_the_error_queue_then_reads_back():
+    """Bench egress 22 is wire output 6 (16 inputs); the answer to SYST:ERR? comes once the
+    mirror has settled."""
+    with expect_dialogue(dicon, CONNECT) as switch:
+        switch.connect([(3, 22)])
+
+
+DISCONNECT = [("X1 CH 3 0", None), NO_ERROR, ("X1 CH 3?", "3,0")]
+
+
+def test_disconnect_parks_the_input_on_output_0():
+    with expect_dialogue(dicon, DISCONNECT) as switch:
+        switch.disconnect([(3, 22)])
+
+
+CONNECTIONS = [(q, "3,6" if q == "X1 CH 3?" else r) for q, r in ALL_PARKED]
+
+
+def test_connections_ask_every_input_and_leave_out_the_parked():
+    with expect_dialogue(dicon, CONNECTIONS) as switch:
+        assert switch.connections() == {3: 22}
+
+
+PARK_ALL = [("X1 CH * 0", None), NO_ERROR, *ALL_PARKED]
+
+
+def test_park_all_then_reads_every_input_back():
+    with expect_dialogue(dicon, PARK_ALL) as switch:
+        switch.disconnect_all()
+
+
+def test_a_read_back_that_differs_is_an_error_naming_both_outputs():
+    with expect_dialogue(dicon, [("X1 CH 3 6", None), NO_ERROR, ("X1 CH 3?", "3,0")]) as switch:
+        with pytest.raises(InstrumentError, match=r"^ocs: 'X1 CH 3 6': read back output 0, expected 6$"):
+            switch.connect([(3, 22)])
+
+
+def test_a_refused_move_is_an_error_naming_what_the_switch_said():
+    with expect_dialogue(dicon, [("X1 CH 3 6", None), ("SYST:ERR?", "-200, Execution error; busy"),
+                                 NO_ERROR]) as switch:
+        with pytest.raises(InstrumentError, match=r"^ocs: 'X1 CH 3 6': instrument reported: -200 Execution "
+                                                  r"error; busy$"):
+            switch.connect([(3, 22)])
+
+
+def test_a_garbled_read_back_is_an_error_and_the_line_is_resynchronised_before_the_next_command():
+    """After a reply that is not one, a late answer may still come: the next command first asks
+    *IDN? and reads up to its answer."""
+    with expect_dialogue(dicon, [("X1 CH 3 6", None), NO_ERROR, ("X1 CH 3?", "ERR"),
+                                 ("*IDN?", "Dicon Fiberoptics Inc, GP600, 19A0M10D0117, 7.0"),
+                                 *CONNECT]) as switch:
+        with pytest.raises(InstrumentIOError, match=r"^ocs: 'X1 CH 3\?': unexpected reply .*\(reply: 'ERR'\)$"):
+            switch.connect([(3, 22)])
+        switch.connect([(3, 22)])
+
+
+def test_a_port_outside_the_matrix_is_refused_before_anything_is_sent():
+    with expect_dialogue(dicon, []) as switch:
+        with pytest.raises(InstrumentError, match=r"^ocs: 'connect 3->40': 40 is not an egress port$"):
+            switch.connect([(3, 40)])
+
+
+def test_a_silent_switch_is_a_timeout_naming_the_command():
+    with expect_dialogue(dicon, [("X1 CH 1?", None)]) as switch:
+        with pytest.raises(InstrumentIOError, match=r"^ocs: 'X1 CH 1\?': no valid reply: timed out"):
+            switch.connections()
+
+
+def test_a_missing_serial_port_is_a_clear_error():
+    with pytest.raises(InstrumentError, match=r"ocs: 'open /dev/no-such-tty': cannot open the serial port"):
+        dicon_at("/dev/no-such-tty")
+
+
+# -- the same dialogues against the emulator, on a pseudo-terminal ----------------------------------
+# The dialogues above are written from the command set a published GP600 driver uses, and so,
+# apart from the driver, is the emulator: here the driver talks to it through pyserial and the
+# line must carry the dialogue's commands and replies.
+
+
+@pytest.fixture(scope="module")
+def serial_cfg():
+    return load_bench(BENCHES / "emulated-serial.yaml", time_scale=0.2)
 
 
 @pytest.fixture
-def serial_bench():
-    with EmulatedBench(load_bench(BENCHES / "emulated-serial.yaml", time_scale=0.2)) as eb:
+def serial_bench(serial_cfg):
+    with EmulatedBench(serial_cfg) as eb:
         yield eb
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.emulated], ids=lambda c: c.name)
-def test_same_case_against_the_emulator(case, serial_bench):
-    world, emulator = serial_bench.world, serial_bench.emulators["ocs"]
-    case.setup(world)
-    log: list[tuple[str, str | None]] = []
-    original = emulator.handle_line
-    server = serial_bench.servers["ocs"]
-    server._handle_line = lambda line: log.append((line, original(line))) or log[-1][1]
-    switch = _open(serial_bench.resources["ocs"])
-    try:
-        _run(case, switch)
-    finally:
-        switch.close()
-    assert [line for line, _ in log] == [s for s, _ in case.dialogue]
-    if case.exact_replies:
-        assert [r for _, r in log] == [r for _, r in case.dialogue]
-    assert case.world_after(world)
+@pytest.fixture
+def wire() -> list[tuple[str, str | None]]:
+    return []
 
 
-def test_silent_switch_times_out_with_a_clear_error(serial_bench):
-    serial_bench.emulators["ocs"].faults["stall"] = None
-    switch = _open(serial_bench.resources["ocs"], timeout_s=0.3)
-    with pytest.raises(InstrumentError, match=r"ocs: 'X1 CH 1\?': no valid reply: timed out"):
-        switch.connections()
+@pytest.fixture
+def ocs(serial_bench, wire):
+    """The driver on the bench's emulated matrix, served on a pseudo-terminal of its own as the
+    bench serves it, logging each line it handles with its answer to ``wire``."""
+    emulator = serial_bench.emulators["ocs"]
+
+    def handle(line: str) -> str | None:
+        reply = emulator.handle_line(line)
+        wire.append((line, reply))
+        return reply
+
+    server = PtyLineServer(handle, "ocs", eol=b"\r\n", faults=emulator.faults, power_on=emulator.power_on,
+                           any_eol=True).start()
+    switch = dicon_at(server.resource)
+    yield switch
     switch.close()
+    server.stop()
 
 
-def test_missing_serial_port_is_a_clear_error():
-    with pytest.raises(InstrumentError, match=r"ocs: 'open /dev/no-such-tty': cannot open the serial port"):
-        _open("/dev/no-such-tty")
+def test_emulator_identify(ocs, wire):
+    with on_the_wire(wire, IDENTIFY, exact_replies=False):  # the serial number is the emulator's own
+        identity = ocs.identify()
+    assert (identity.vendor, identity.model) == ("Dicon Fiberoptics Inc", "GP600")
+
+
+def test_emulator_read_size(ocs, wire):
+    with on_the_wire(wire, [("X1 DIM?", "16,16")]):
+        ocs.read_size()
+
+
+def test_emulator_connect(ocs, wire, serial_bench):
+    with on_the_wire(wire, CONNECT):
+        ocs.connect([(3, 22)])
+    assert serial_bench.world.connections() == {3: 22} and serial_bench.world.port_power_dbm(22) is not None
+
+
+def test_emulator_disconnect(ocs, wire, serial_bench):
+    serial_bench.world.connect([(3, 22)])
+    with on_the_wire(wire, DISCONNECT):
+        ocs.disconnect([(3, 22)])
+    assert serial_bench.world.connections() == {}
+
+
+def test_emulator_connections(ocs, wire, serial_bench):
+    serial_bench.world.connect([(3, 22)])
+    with on_the_wire(wire, CONNECTIONS):
+        ocs.connections()
+
+
+def test_emulator_park_all(ocs, wire, serial_bench):
+    serial_bench.world.connect([(3, 22), (4, 17)])
+    with on_the_wire(wire, PARK_ALL):
+        ocs.disconnect_all()
+    assert serial_bench.world.connections() == {}
+
+
+# -- what only the emulator shows -------------------------------------------------------------------
 
 
 def test_move_completes_before_the_read_back_answers(serial_bench):
     """The read-back is the completion signal: when connect() returns, the light is there."""
     world = serial_bench.world
-    switch = _open(serial_bench.resources["ocs"])
+    switch = dicon_at(serial_bench.resources["ocs"])
     switch.connect([(1, 20)])
     returned = world.now_ns()
     switch.close()
@@ -133,11 +214,9 @@ def test_move_completes_before_the_read_back_answers(serial_bench):
 def test_a_matrix_behind_ser2net_is_opened_by_its_url(serial_bench):
     """A serial matrix on a terminal server (ser2net, a labgrid NetworkSerialPort) is reached
     as socket://HOST:PORT: the same lines over TCP."""
-    from lumion_hil.instruments.emulators.scpi_transports import TcpScpiServer
-
     server = TcpScpiServer(serial_bench.emulators["ocs"]).start()
     try:
-        switch = _open(f"socket://127.0.0.1:{server.port}")
+        switch = dicon_at(f"socket://127.0.0.1:{server.port}")
         try:
             switch.connect([(3, 20)])
             assert switch.connections()[3] == 20

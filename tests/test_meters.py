@@ -1,179 +1,379 @@
-"""Power meters: byte-level dialogues, the same cases against their emulators over TCP, then
-the physics only the coupled world can show."""
+"""Power meters: what the Thorlabs PM100 and Keysight N77xx drivers send and what they make of the
+answers, as dialogues in memory; then the same dialogues against their emulators over TCP (and
+the N77xx over VXI-11); then the physics only the coupled world can show."""
 
 from __future__ import annotations
 
 import struct
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
 
 import pytest
 
-from dialogue import DialogueServer
+from conftest import query_scpi
+from dialogue import expect_dialogue, on_the_wire
 from lumion_hil.harness.binding import open_driver
 from lumion_hil.harness.limits import dark_after_disconnect, received_power
 from lumion_hil.instruments.keysight_n77xx import KeysightN77xx
-from lumion_hil.instruments.protocols import InstrumentError, OutOfRange
+from lumion_hil.instruments.protocols import Identity, InstrumentError, OutOfRange
 from lumion_hil.instruments.thorlabs_pm100 import ThorlabsPM100
-from lumion_hil.instruments.visa import VisaSession
+from lumion_hil.instruments.visa import VisaSession, open_resource
 
-NO_ERROR = '0,"No error"'  # Thorlabs' empty error queue
-KS_NO_ERROR = '+0,"No error"'  # Keysight's
-
-
-@dataclass
-class Case:
-    name: str
-    action: Callable[[Any], Any]
-    dialogue: list[tuple[str, str | None]]
-    check: Callable[[Any], bool] = lambda r: True
-    exact_replies: bool = True
-    raises: str | None = None
-    setup: Callable[[Any], None] = lambda emulator: None  # puts the emulator in the dialogue's state
-    emulator_check: Callable[[Any], bool] | None = None  # where the dialogue's reply is made up
+PM100_NO_ERROR = ("SYST:ERR?", '0,"No error"')
+N77XX_NO_ERROR = (":SYST:ERR?", '+0,"No error"')
 
 
-THORLABS = [
-    Case("identify", lambda m: m.identify(), [("*IDN?", "Thorlabs,PM100D,P0009368,2.4.0")],
-         check=lambda i: i.vendor == "Thorlabs" and i.model == "PM100D", exact_replies=False),
-    Case("set wavelength", lambda m: m.set_wavelength_nm(1310), [("SENS:CORR:WAV 1310", None), ("SYST:ERR?", NO_ERROR)]),
-    Case("wavelength", lambda m: m.wavelength_nm(), [("SENS:CORR:WAV?", "1.550000E+03")], check=lambda r: r == 1550.0),
-    Case("unit dBm", lambda m: m.set_unit("dbm"), [("SENS:POW:UNIT DBM", None), ("SYST:ERR?", NO_ERROR)]),
-    Case("averaging", lambda m: m.set_averaging(10), [("SENS:AVER:COUN 10", None), ("SYST:ERR?", NO_ERROR)]),
-    Case("auto range", lambda m: m.set_auto_range(True), [("SENS:POW:RANG:AUTO ON", None), ("SYST:ERR?", NO_ERROR)]),
-    Case("reading in W is turned into dBm", lambda m: m.read_dbm(),
-         [("SENS:POW:UNIT?", "W"), ("MEAS:POW?", "1.000000E-03")],
-         check=lambda r: r == pytest.approx(0.0), exact_replies=False,
-         emulator_check=lambda r: isinstance(r, float) and r < -50),  # nothing connected: dark
-    Case("error queue", lambda m: m.set_unit("W") or m.send("SENS:BOGUS 1"),
-         [("SENS:POW:UNIT W", None), ("SYST:ERR?", NO_ERROR), ("SENS:BOGUS 1", None),
-          ("SYST:ERR?", '-113,"Undefined header"'), ("SYST:ERR?", NO_ERROR)],
-         raises="-113 Undefined header"),
-]
-
-KEYSIGHT = [
-    Case("identify", lambda m: m.identify(), [("*IDN?", "Keysight Technologies,N7744A,MY12345678,1.0.0")],
-         check=lambda i: i.model == "N7744A", exact_replies=False),
-    Case("set wavelength", lambda m: m.set_wavelength_nm(1310, 2), [(":SENS2:POW:WAV 1310nm", None), (":SYST:ERR?", KS_NO_ERROR)]),
-    Case("wavelength", lambda m: m.wavelength_nm(3), [(":SENS3:POW:WAV?", "+1.55000000E-006")],
-         check=lambda r: r == pytest.approx(1550.0)),
-    Case("averaging time", lambda m: m.set_averaging_time_s(0.001, 1), [(":SENS1:POW:ATIME 0.001s", None), (":SYST:ERR?", KS_NO_ERROR)]),
-    Case("reading", lambda m: m.read_dbm(4), [(":SENS4:POW:UNIT?", "+0"), (":READ4:CHAN1:POW?", "-7.00000000E+001")],
-         check=lambda r: isinstance(r, float) and r < -60, exact_replies=False),
-    Case("unit switched to dBm first", lambda m: m.read_dbm(1),
-         [(":SENS1:POW:UNIT?", "+1"), (":SENS1:POW:UNIT 0", None), (":SYST:ERR?", KS_NO_ERROR),
-          (":READ1:CHAN1:POW?", "-7.00000000E+001")],
-         check=lambda r: isinstance(r, float), exact_replies=False,
-         setup=lambda emulator: setattr(emulator.channels[1], "unit", 1)),
-    Case("channel out of range", lambda m: m.read_dbm(5), [], raises="channel 5 out of 1..4"),
-]
+def pm100(instrument, timeout_s: float = 0.05) -> ThorlabsPM100:
+    """The driver over an instrument in memory; a short deadline, for the silent cases."""
+    return pm100_at("USB0::0x1313::0x8078::P0009368::INSTR", timeout_s, instrument.open_resource)
 
 
-def _thorlabs(resource, timeout_s=2.0):
-    return ThorlabsPM100(VisaSession("pm-usb", resource, timeout_s=timeout_s))
+def pm100_at(resource: str, timeout_s: float = 2.0, opener=open_resource) -> ThorlabsPM100:
+    return ThorlabsPM100(VisaSession("pm-usb", resource, timeout_s=timeout_s, opener=opener), opc_timeout_s=timeout_s)
 
 
-def _keysight(resource, timeout_s=2.0):
-    return KeysightN77xx(VisaSession("pm-lab", resource, timeout_s=timeout_s), channels=4)
+def n77xx(instrument, timeout_s: float = 0.05) -> KeysightN77xx:
+    return n77xx_at("TCPIP0::pm-lab::5025::SOCKET", timeout_s, instrument.open_resource)
 
 
-def _run(case, meter, check=None):
-    check = check or case.check
-    if case.raises:
-        with pytest.raises((InstrumentError, ValueError)) as err:
-            case.action(meter)
-        assert case.raises in str(err.value) and meter.name in str(err.value)
-        return
-    result = case.action(meter)
-    assert check(result), f"unexpected result {result!r}"
+def n77xx_at(resource: str, timeout_s: float = 2.0, opener=open_resource) -> KeysightN77xx:
+    session = VisaSession("pm-lab", resource, timeout_s=timeout_s, opener=opener)
+    return KeysightN77xx(session, channels=4, opc_timeout_s=timeout_s)
 
 
-def _dialogue(case, opener):
-    steps = [(s.encode() + b"\n", None if r is None else r.encode() + b"\n") for s, r in case.dialogue]
-    with DialogueServer(steps) as server:
-        meter = opener(server.resource)
-        try:
-            _run(case, meter)
-        finally:
-            meter.close()
-        server.check()
+# -- Thorlabs PM100: dialogues ----------------------------------------------------------------------
+
+PM100_IDENTIFY = [("*IDN?", "Thorlabs,PM100D,P0009368,2.4.0")]
 
 
-def _against_emulator(case, opener, emulated, name):
-    server = emulated.servers[name]
-    case.setup(emulated.emulators[name])
-    meter = opener(emulated.resources[name])
-    try:
-        server.wire_log.clear()
-        _run(case, meter, case.emulator_check)
-    finally:
-        meter.close()
-    assert [line for line, _ in server.wire_log] == [s for s, _ in case.dialogue]
-    if case.exact_replies:
-        assert [r for _, r in server.wire_log] == [r for _, r in case.dialogue]
+def test_pm100_identify():
+    with expect_dialogue(pm100, PM100_IDENTIFY) as meter:
+        assert meter.identify() == Identity("Thorlabs", "PM100D", "P0009368", "2.4.0")
 
 
-@pytest.mark.parametrize("case", THORLABS, ids=lambda c: c.name)
-def test_thorlabs_dialogue(case):
-    _dialogue(case, _thorlabs)
+PM100_SET_WAVELENGTH = [("SENS:CORR:WAV 1310", None), PM100_NO_ERROR]
 
 
-@pytest.mark.parametrize("case", THORLABS, ids=lambda c: c.name)
-def test_thorlabs_same_case_against_emulator(case, emulated):
-    _against_emulator(case, _thorlabs, emulated, "pm-usb")
+def test_pm100_set_wavelength_in_nm_then_the_error_queue():
+    with expect_dialogue(pm100, PM100_SET_WAVELENGTH) as meter:
+        meter.set_wavelength_nm(1310)
 
 
-@pytest.mark.parametrize("case", KEYSIGHT, ids=lambda c: c.name)
-def test_keysight_dialogue(case):
-    _dialogue(case, _keysight)
+PM100_WAVELENGTH = [("SENS:CORR:WAV?", "1.550000E+03")]
 
 
-@pytest.mark.parametrize("case", KEYSIGHT, ids=lambda c: c.name)
-def test_keysight_same_case_against_emulator(case, emulated):
-    _against_emulator(case, _keysight, emulated, "pm-lab")
+def test_pm100_wavelength_is_in_nm():
+    with expect_dialogue(pm100, PM100_WAVELENGTH) as meter:
+        assert meter.wavelength_nm() == 1550.0
+
+
+PM100_UNIT_DBM = [("SENS:POW:UNIT DBM", None), PM100_NO_ERROR]
+
+
+def test_pm100_unit_dbm():
+    with expect_dialogue(pm100, PM100_UNIT_DBM) as meter:
+        meter.set_unit("dbm")
+
+
+PM100_AVERAGING = [("SENS:AVER:COUN 10", None), PM100_NO_ERROR]
+
+
+def test_pm100_averaging_count():
+    with expect_dialogue(pm100, PM100_AVERAGING) as meter:
+        meter.set_averaging(10)
+
+
+PM100_AUTO_RANGE = [("SENS:POW:RANG:AUTO ON", None), PM100_NO_ERROR]
+
+
+def test_pm100_auto_range():
+    with expect_dialogue(pm100, PM100_AUTO_RANGE) as meter:
+        meter.set_auto_range(True)
+
+
+PM100_READ_WATTS = [("SENS:POW:UNIT?", "W"), ("MEAS:POW?", "1.000000E-03")]
+
+
+def test_pm100_asks_the_unit_once_and_turns_a_reading_in_watts_into_dbm():
+    with expect_dialogue(pm100, PM100_READ_WATTS + [("MEAS:POW?", "1.000000E-04")]) as meter:
+        assert meter.read_dbm() == pytest.approx(0.0)
+        assert meter.read_dbm() == pytest.approx(-10.0)
+
+
+PM100_ERROR_QUEUE = [("SENS:POW:UNIT W", None), PM100_NO_ERROR, ("SENS:BOGUS 1", None),
+                     ("SYST:ERR?", '-113,"Undefined header"'), PM100_NO_ERROR]
+
+
+def test_pm100_reads_its_error_queue_to_the_end_and_names_what_it_held():
+    with expect_dialogue(pm100, PM100_ERROR_QUEUE) as meter:
+        meter.set_unit("W")
+        with pytest.raises(InstrumentError, match=r"^pm-usb: 'SENS:BOGUS 1': instrument reported: -113 Undefined "
+                                                  r"header$"):
+            meter.send("SENS:BOGUS 1")
 
 
 @pytest.mark.parametrize("reply,direction", [("INFINITY", "over"), ("-INFINITY", "under"), ("+INF", "over")])
-def test_thorlabs_out_of_range_is_not_a_float(reply, direction):
-    steps = [(b"SENS:POW:UNIT?\n", b"DBM\n"), (b"MEAS:POW?\n", reply.encode() + b"\n")]
-    with DialogueServer(steps) as server:
-        meter = _thorlabs(server.resource)
+def test_pm100_out_of_range_is_not_a_float(reply, direction):
+    with expect_dialogue(pm100, [("SENS:POW:UNIT?", "DBM"), ("MEAS:POW?", reply)]) as meter:
         value = meter.read_dbm()
-        meter.close()
     assert isinstance(value, OutOfRange) and value.direction == direction
     with pytest.raises(TypeError):
         value < -10  # noqa: B015 - it must not compare like a number
 
 
-def test_keysight_sentinel_is_out_of_range():
-    steps = [(b":SENS1:POW:UNIT?\n", b"+0\n"), (b":READ1:CHAN1:POW?\n", b"+9.91000000E+037\n")]
-    with DialogueServer(steps) as server:
-        meter = _keysight(server.resource)
+def test_pm100_no_light_in_watts_is_under_range_not_minus_infinity():
+    with expect_dialogue(pm100, [("SENS:POW:UNIT?", "W"), ("MEAS:POW?", "0.000000E+00")]) as meter:
+        value = meter.read_dbm()
+    assert isinstance(value, OutOfRange) and value.direction == "under"
+
+
+# -- Keysight N77xx: dialogues ----------------------------------------------------------------------
+
+N77XX_IDENTIFY = [("*IDN?", "Keysight Technologies,N7744A,MY12345678,1.0.0")]
+
+
+def test_n77xx_identify():
+    with expect_dialogue(n77xx, N77XX_IDENTIFY) as meter:
+        assert meter.identify() == Identity("Keysight Technologies", "N7744A", "MY12345678", "1.0.0")
+
+
+N77XX_SET_WAVELENGTH = [(":SENS2:POW:WAV 1310nm", None), N77XX_NO_ERROR]
+
+
+def test_n77xx_set_wavelength_on_a_port_with_its_unit():
+    with expect_dialogue(n77xx, N77XX_SET_WAVELENGTH) as meter:
+        meter.set_wavelength_nm(1310, 2)
+
+
+N77XX_WAVELENGTH = [(":SENS3:POW:WAV?", "+1.55000000E-006")]
+
+
+def test_n77xx_wavelength_comes_in_metres():
+    with expect_dialogue(n77xx, N77XX_WAVELENGTH) as meter:
+        assert meter.wavelength_nm(3) == pytest.approx(1550.0)
+
+
+N77XX_AVERAGING_TIME = [(":SENS1:POW:ATIME 0.001s", None), N77XX_NO_ERROR]
+
+
+def test_n77xx_averaging_time_in_seconds():
+    with expect_dialogue(n77xx, N77XX_AVERAGING_TIME) as meter:
+        meter.set_averaging_time_s(0.001, 1)
+
+
+N77XX_READ = [(":SENS4:POW:UNIT?", "+0"), (":READ4:CHAN1:POW?", "-7.00000000E+001")]
+
+
+def test_n77xx_reads_a_port_once_its_unit_is_known_to_be_dbm():
+    with expect_dialogue(n77xx, N77XX_READ + [(":READ4:CHAN1:POW?", "-6.90000000E+001")]) as meter:
+        assert meter.read_dbm(4) == -70.0
+        assert meter.read_dbm(4) == -69.0
+
+
+N77XX_UNIT_TO_DBM = [(":SENS1:POW:UNIT?", "+1"), (":SENS1:POW:UNIT 0", None), N77XX_NO_ERROR,
+                     (":READ1:CHAN1:POW?", "-7.00000000E+001")]
+
+
+def test_n77xx_switches_a_port_reading_watts_to_dbm_before_reading():
+    with expect_dialogue(n77xx, N77XX_UNIT_TO_DBM) as meter:
+        assert meter.read_dbm(1) == -70.0
+
+
+N77XX_INSTALLED = [(f":SLOT{slot}:EMPT?", "+0") for slot in range(1, 5)] + [(":SLOT5:EMPT?", "+1")]
+
+
+def test_n77xx_counts_its_ports_up_to_the_first_empty_slot():
+    with expect_dialogue(n77xx, N77XX_INSTALLED) as meter:
+        assert meter.installed_channels() == 4
+
+
+def test_n77xx_a_port_it_does_not_have_is_refused_before_anything_is_sent():
+    with expect_dialogue(n77xx, []) as meter:
+        with pytest.raises(ValueError, match=r"^pm-lab: channel 5 out of 1\.\.4$"):
+            meter.read_dbm(5)
+
+
+def test_n77xx_over_range_sentinel_is_out_of_range():
+    with expect_dialogue(n77xx, [(":SENS1:POW:UNIT?", "+0"), (":READ1:CHAN1:POW?", "+9.91000000E+037")]) as meter:
         value = meter.read_dbm(1)
-        meter.close()
     assert isinstance(value, OutOfRange) and value.direction == "over"
 
 
-def test_keysight_logging_dialogue_reads_a_float32_block():
+def _float32_block(samples: list[float]) -> bytes:
+    """An IEEE 488.2 definite-length block: #, the count of length digits, the length, the bytes."""
+    payload = struct.pack(f"<{len(samples)}f", *samples)
+    length = str(len(payload)).encode()
+    return b"#" + str(len(length)).encode() + length + payload + b"\n"
+
+
+def test_n77xx_logging_is_timed_by_the_meter_and_read_as_a_float32_block():
     samples = [-70.0, -70.1, -13.5, -13.6]
-    payload = struct.pack("<4f", *samples)
-    block = b"#2" + str(len(payload)).encode() + payload + b"\n"
-    steps = [(b":SENS2:POW:UNIT?\n", b"+0\n"), (b":TRIG2:INP IGN\n", None), (b":SYST:ERR?\n", b'+0,"No error"\n'),
-             (b":SENS2:FUNC:PAR:LOGG 4,0.001s\n", None), (b":SYST:ERR?\n", b'+0,"No error"\n'),
-             (b":SENS2:FUNC:STAT LOGG,STAR;*OPC?\n", b"1\n"), (b":SYST:ERR?\n", b'+0,"No error"\n'),
-             (b":SENS2:FUNC:STAT?\n", b"LOGGING_STABILITY,COMPLETE\n"), (b":SENS2:FUNC:RES?\n", block)]
-    with DialogueServer(steps) as server:
-        meter = _keysight(server.resource)
+    with expect_dialogue(n77xx, [
+        (":SENS2:POW:UNIT?", "+0"),
+        (":TRIG2:INP IGN", None), N77XX_NO_ERROR,
+        (":SENS2:FUNC:PAR:LOGG 4,0.001s", None), N77XX_NO_ERROR,
+        (":SENS2:FUNC:STAT LOGG,STAR;*OPC?", "1"), N77XX_NO_ERROR,
+        (":SENS2:FUNC:STAT?", "LOGGING_STABILITY,PROGRESS"),  # asked again until it is done
+        (":SENS2:FUNC:STAT?", "LOGGING_STABILITY,COMPLETE"),
+        (":SENS2:FUNC:RES?", _float32_block(samples)),
+    ]) as meter:
         trace = meter.trace(2, duration_s=0.004, interval_s=0.001)
-        meter.close()
-        server.check()
     assert trace.method == "hardware-logging" and len(trace.times_ns) == 4
     assert trace.values_dbm == pytest.approx(samples, abs=1e-4)
     assert trace.times_ns[1] - trace.times_ns[0] == 1_000_000
 
 
-# --- physics through the coupled world -------------------------------------------------------------
+def test_n77xx_a_logging_result_short_of_samples_is_an_error():
+    with expect_dialogue(n77xx, [
+        (":SENS1:POW:UNIT?", "+0"),
+        (":TRIG1:INP IGN", None), N77XX_NO_ERROR,
+        (":SENS1:FUNC:PAR:LOGG 4,0.001s", None), N77XX_NO_ERROR,
+        (":SENS1:FUNC:STAT LOGG,STAR;*OPC?", "1"), N77XX_NO_ERROR,
+        (":SENS1:FUNC:STAT?", "LOGGING_STABILITY,COMPLETE"),
+        (":SENS1:FUNC:RES?", _float32_block([-70.0, -70.0])),
+    ]) as meter:
+        with pytest.raises(InstrumentError, match=r"^pm-lab: ':SENS1:FUNC:RES\?': expected 4 samples, got 2$"):
+            meter.trace(1, duration_s=0.004, interval_s=0.001)
+
+
+# -- the same dialogues against the emulators, over TCP ---------------------------------------------
+# The dialogues above are written from the programming guides, and so, apart from the drivers,
+# are the emulators: here each driver talks to its emulator over a socket and the wire must carry
+# the dialogue's commands and, where the instrument's answer is fixed, its replies.
+
+
+@pytest.fixture
+def pm_usb(emulated):
+    meter = pm100_at(emulated.resources["pm-usb"])
+    yield meter
+    meter.close()
+
+
+@pytest.fixture
+def pm_usb_wire(emulated):
+    return emulated.servers["pm-usb"].wire_log
+
+
+@pytest.fixture
+def pm_lab(emulated):
+    meter = n77xx_at(emulated.resources["pm-lab"])
+    yield meter
+    meter.close()
+
+
+@pytest.fixture
+def pm_lab_wire(emulated):
+    return emulated.servers["pm-lab"].wire_log
+
+
+def test_emulator_pm100_identify(pm_usb, pm_usb_wire):
+    with on_the_wire(pm_usb_wire, PM100_IDENTIFY, exact_replies=False):  # the serial number is the emulator's own
+        identity = pm_usb.identify()
+    assert (identity.vendor, identity.model) == ("Thorlabs", "PM100D")
+
+
+def test_emulator_pm100_set_wavelength(pm_usb, pm_usb_wire):
+    with on_the_wire(pm_usb_wire, PM100_SET_WAVELENGTH):
+        pm_usb.set_wavelength_nm(1310)
+
+
+def test_emulator_pm100_wavelength(pm_usb, pm_usb_wire):
+    with on_the_wire(pm_usb_wire, PM100_WAVELENGTH):
+        pm_usb.wavelength_nm()
+
+
+def test_emulator_pm100_unit_dbm(pm_usb, pm_usb_wire):
+    with on_the_wire(pm_usb_wire, PM100_UNIT_DBM):
+        pm_usb.set_unit("dbm")
+
+
+def test_emulator_pm100_averaging(pm_usb, pm_usb_wire):
+    with on_the_wire(pm_usb_wire, PM100_AVERAGING):
+        pm_usb.set_averaging(10)
+
+
+def test_emulator_pm100_auto_range(pm_usb, pm_usb_wire):
+    with on_the_wire(pm_usb_wire, PM100_AUTO_RANGE):
+        pm_usb.set_auto_range(True)
+
+
+def test_emulator_pm100_reads_watts(pm_usb, pm_usb_wire):
+    with on_the_wire(pm_usb_wire, PM100_READ_WATTS, exact_replies=False):  # a reading carries noise
+        value = pm_usb.read_dbm()
+    assert isinstance(value, float) and value < -50  # nothing connected: dark
+
+
+def test_emulator_pm100_error_queue(pm_usb, pm_usb_wire):
+    with on_the_wire(pm_usb_wire, PM100_ERROR_QUEUE):
+        pm_usb.set_unit("W")
+        with pytest.raises(InstrumentError, match="-113 Undefined header"):
+            pm_usb.send("SENS:BOGUS 1")
+
+
+def test_emulator_n77xx_identify(pm_lab, pm_lab_wire):
+    with on_the_wire(pm_lab_wire, N77XX_IDENTIFY, exact_replies=False):
+        assert pm_lab.identify().model == "N7744A"
+
+
+def test_emulator_n77xx_set_wavelength(pm_lab, pm_lab_wire):
+    with on_the_wire(pm_lab_wire, N77XX_SET_WAVELENGTH):
+        pm_lab.set_wavelength_nm(1310, 2)
+
+
+def test_emulator_n77xx_wavelength(pm_lab, pm_lab_wire):
+    with on_the_wire(pm_lab_wire, N77XX_WAVELENGTH):
+        pm_lab.wavelength_nm(3)
+
+
+def test_emulator_n77xx_averaging_time(pm_lab, pm_lab_wire):
+    with on_the_wire(pm_lab_wire, N77XX_AVERAGING_TIME):
+        pm_lab.set_averaging_time_s(0.001, 1)
+
+
+def test_emulator_n77xx_installed_channels(pm_lab, pm_lab_wire):
+    with on_the_wire(pm_lab_wire, N77XX_INSTALLED):
+        pm_lab.installed_channels()
+
+
+def test_emulator_n77xx_read(pm_lab, pm_lab_wire):
+    with on_the_wire(pm_lab_wire, N77XX_READ, exact_replies=False):  # a reading carries noise
+        value = pm_lab.read_dbm(4)
+    assert isinstance(value, float) and value < -60
+
+
+def _leave_port_1_reading_watts(resource: str) -> None:
+    """As another client (or the front panel) may leave it."""
+    assert query_scpi(resource, b":SENS1:POW:UNIT 1;*OPC?") == "1"
+
+
+def test_emulator_n77xx_unit_to_dbm(pm_lab, pm_lab_wire, emulated):
+    _leave_port_1_reading_watts(emulated.resources["pm-lab"])
+    with on_the_wire(pm_lab_wire, N77XX_UNIT_TO_DBM, exact_replies=False):
+        assert isinstance(pm_lab.read_dbm(1), float)
+
+
+def test_the_n77xx_driver_works_over_vxi11_as_over_the_socket(emulated):
+    """The N77xx as Keysight's tools address it, TCPIP0::<host>::inst0::INSTR (VXI-11; the
+    emulator serves the port mapper where it can bind port 111, else pyvisa-py's
+    TCPIP0::<host>,<port>::inst0::INSTR): the dialogues' calls give what they give over the raw
+    socket."""
+    _leave_port_1_reading_watts(emulated.resources["pm-lab"])
+    meter = n77xx_at(emulated.vxi11["pm-lab"].resource)
+    try:
+        assert meter.identify().model == "N7744A"
+        meter.set_wavelength_nm(1310, 2)
+        assert meter.wavelength_nm(2) == pytest.approx(1310.0)
+        assert meter.wavelength_nm(3) == pytest.approx(1550.0)
+        meter.set_averaging_time_s(0.001, 1)
+        reading = meter.read_dbm(4)
+        assert isinstance(reading, float) and reading < -60
+        assert isinstance(meter.read_dbm(1), float) and meter.ask(":SENS1:POW:UNIT?") == "+0"
+        with pytest.raises(ValueError, match="channel 5 out of 1..4"):
+            meter.read_dbm(5)
+    finally:
+        meter.close()
+
+
+# -- physics through the coupled world --------------------------------------------------------------
 
 
 @pytest.fixture
@@ -241,19 +441,6 @@ def test_out_of_range_fault_fails_a_power_verdict_and_passes_a_darkness_one(emul
     assert not received_power(bench_cfg).measure(value).passed
     assert not dark_after_disconnect(bench_cfg).measure(value).passed  # over range is not dark
     assert dark_after_disconnect(bench_cfg).measure(OutOfRange("under")).passed
-
-
-@pytest.mark.parametrize("case", KEYSIGHT, ids=lambda c: c.name)
-def test_keysight_same_case_over_vxi11(case, emulated):
-    """The N77xx as Keysight's tools address it, TCPIP0::<host>::inst0::INSTR (VXI-11; the
-    emulator serves the port mapper where it can bind port 111, else pyvisa-py's
-    TCPIP0::<host>,<port>::inst0::INSTR): the driver's cases pass as over the raw socket."""
-    case.setup(emulated.emulators["pm-lab"])
-    meter = _keysight(emulated.vxi11["pm-lab"].resource)
-    try:
-        _run(case, meter, case.emulator_check)
-    finally:
-        meter.close()
 
 
 def test_light_read_over_vxi11_is_the_worlds(emulated, bench_cfg):
