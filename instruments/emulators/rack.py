@@ -65,8 +65,8 @@ NEIGH_UCAST_SOLICIT = 1
 
 
 class Rack(RackLayout):
-    """An emulated rack's data plane (see the module's docstring for what it builds and how it
-    names it). ``build`` makes it (and repairs a half-built one), the run-time operations drive
+    """An emulated rack's data plane (see the module's docstring for what it builds, and
+    rack_spec.py for how it names its parts). ``build`` makes it (and repairs a half-built one), the run-time operations drive
     it (``set_carrier``, ``join``/``part``, ``set_uplink_mbit``, ``slow_mgmt``,
     ``kill_processes``), ``teardown`` removes every trace. Also a context manager (build on
     enter, teardown on exit). One netlink socket per namespace stays open for the rack's life,

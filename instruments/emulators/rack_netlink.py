@@ -96,7 +96,7 @@ class OneThread:
 
 
 def in_netlink_thread(method):
-    """The method runs in the rack's netlink thread (see OneThread)."""
+    """The method runs in its object's netlink thread (its ``_netlink``, a :class:`OneThread`)."""
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         return self._netlink.call(lambda: method(self, *args, **kwargs))
