@@ -54,7 +54,7 @@ from lumion_hil.instruments.emulators.rack_netlink import (TCP_WMEM_MAX, UPLINK_
                                                            in_netlink_thread, links_by_name, tbf_args)
 from lumion_hil.instruments.emulators.rack_spec import (ELECTRICAL_NET, FABRIC_IFNAME, INDEX, MGMT_IFNAME,
                                                         OPTICAL_NET, POLICY_TABLE, RackError, RackLayout, RackSpec,
-                                                        RackUnavailable, _check_rate, circuit_index, port_index)
+                                                        RackUnavailable, check_rate, circuit_index, port_index)
 from lumion_hil.instruments.emulators.rack_state import STATE_DIR, choose_mgmt_net, state_lock, write_state
 
 # optical NICs: a connect() bound to one with no circuit behind it fails after
@@ -414,7 +414,7 @@ class Rack(RackLayout):
             raise RackError(f"rack {self.prefix} has no electrical network")
         for rack, rate in (mbit.items() if isinstance(mbit, dict) else [("", mbit)]):
             if rate is not None:
-                _check_rate(f"uplink {rack}".strip(), rate)
+                check_rate(f"uplink {rack}".strip(), rate)
         with self._lock:
             self._sock(self.tor_netns)
             self._shape_uplinks(mbit)

@@ -126,7 +126,7 @@ class RackSpec:
                     raise ValueError(f"NIC {n.host}/{n.nic} is listed under host {h.name}")
                 if not _IFNAME.match(n.ifname):
                     raise ValueError(f"{h.name}/{n.nic}: interface name {n.ifname!r} is not 1-15 of [A-Za-z0-9_.-]")
-                _check_rate(f"{h.name}/{n.nic}", n.rate_mbit)
+                check_rate(f"{h.name}/{n.nic}", n.rate_mbit)
             if h.electrical_ifname and not _IFNAME.match(h.electrical_ifname):
                 raise ValueError(f"{h.name}: electrical interface {h.electrical_ifname!r} "
                                  f"is not 1-15 of [A-Za-z0-9_.-]")
@@ -134,10 +134,11 @@ class RackSpec:
         for what, mbit in (("electrical_mbit", self.electrical_mbit),
                            *((f"uplink_mbit {rack}".strip(), rate) for rack, rate in uplinks.items())):
             if mbit is not None:
-                _check_rate(what, mbit)
+                check_rate(what, mbit)
 
 
-def _check_rate(what: str, mbit: float) -> None:
+def check_rate(what: str, mbit: float) -> None:
+    """A rate tbf can shape: above 0 and within its 32-bit byte rate; ValueError naming ``what`` if not."""
     if not mbit > 0 or mbit * 1e6 > TBF_MAX_BIT:
         raise ValueError(f"{what}: rate {mbit} Mb/s is not in (0, {TBF_MAX_BIT / 1e6:.0f}]")
 
