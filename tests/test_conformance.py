@@ -11,7 +11,8 @@ import pytest
 
 from lumion_hil.harness.config import load_bench
 from lumion_hil.instruments.emulators import conformance
-from lumion_hil.instruments.emulators.scpi import ScpiDevice, _compile, _match, _TOKEN
+from lumion_hil.instruments.emulators.scpi import ScpiDevice
+from lumion_hil.instruments.emulators.scpi_grammar import HEADER_TOKEN, compile_pattern, match_tokens
 from lumion_hil.instruments.emulators.world import World
 from conftest import BENCHES, ROOT
 
@@ -115,13 +116,14 @@ def test_every_command_the_emulator_declares_is_in_its_manual(model):
     manual = conformance.load(model)
     device = _emulator(model)
     assert isinstance(device, ScpiDevice)
-    patterns = [(_compile(c.command)[0], c.command.endswith("?")) for c in manual.commands
+    patterns = [(compile_pattern(c.command)[0], c.command.endswith("?")) for c in manual.commands
                 if c.state == "implemented"]
     missing = []
     for declared in device._commands:
         long, _ = conformance.forms(declared.pattern)
-        tokens = [(m.group(1), m.group(2)) for m in (_TOKEN.fullmatch(t) for t in long.rstrip("?").lstrip(":").split(":"))]
-        if not any(q == declared.query and _match(items, tokens, []) is not None for items, q in patterns):
+        nodes = long.rstrip("?").lstrip(":").split(":")
+        tokens = [(m.group(1), m.group(2)) for m in (HEADER_TOKEN.fullmatch(t) for t in nodes)]
+        if not any(q == declared.query and match_tokens(items, tokens, []) is not None for items, q in patterns):
             missing.append(declared.pattern)
     assert not missing, f"{model}: declared by the emulator but not implemented in its manual file: {missing}"
 

@@ -11,7 +11,7 @@ from dialogue import expect_dialogue, on_the_wire
 from lumion_hil.harness.config import load_bench
 from lumion_hil.instruments.dicon import DiconMatrix
 from lumion_hil.instruments.emulators.bench import EmulatedBench
-from lumion_hil.instruments.emulators.scpi import PtyLineServer, TcpScpiServer
+from lumion_hil.instruments.emulators.scpi_transports import PtyLineServer, TcpScpiServer
 from lumion_hil.instruments.protocols import Identity, InstrumentError, InstrumentIOError
 
 NO_ERROR = ("SYST:ERR?", "+0, No Error")

@@ -17,9 +17,10 @@ import time
 
 import pytest
 
-from lumion_hil.instruments.emulators import rack as rack_module
-from lumion_hil.instruments.emulators.rack import (Rack, RackError, RackHost, RackNic, RackSpec,
-                                                   RackUnavailable, available)
+from lumion_hil.instruments.emulators import rack_machine, rack_netlink
+from lumion_hil.instruments.emulators.rack import Rack
+from lumion_hil.instruments.emulators.rack_machine import available
+from lumion_hil.instruments.emulators.rack_spec import RackError, RackHost, RackNic, RackSpec, RackUnavailable
 
 from conftest import needs
 
@@ -257,10 +258,10 @@ def test_uplinks_queue_whole_windows_of_hosts_whose_send_buffers_are_capped(fres
     host's TCP send buffer is capped, and both ends of every uplink queue UPLINK_WINDOWS such
     windows, also once reshaped; the hosts' own links keep the short queue."""
     wmem = fresh.run_in("gpu0", lambda: open("/proc/sys/net/ipv4/tcp_wmem").read().split())
-    assert int(wmem[2]) == rack_module.TCP_WMEM_MAX
+    assert int(wmem[2]) == rack_netlink.TCP_WMEM_MAX
 
     def limits() -> dict[str, int]:  # tbf's byte limit per link (tc prints it as a latency)
-        ipr = rack_module._netlink_in(fresh.tor_netns)
+        ipr = rack_machine.netlink_in(fresh.tor_netns)
         try:
             names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.link("dump")}
             return {names[q["index"]]: q.get_attr("TCA_OPTIONS").get_attr("TCA_TBF_PARMS")["limit"]
@@ -272,10 +273,10 @@ def test_uplinks_queue_whole_windows_of_hosts_whose_send_buffers_are_capped(fres
         for uplink in (UPLINK_MBIT, 20):
             fresh.set_uplink_mbit(uplink)
             got = limits()
-            burst = max(int(uplink * 1e6 / 8 * rack_module.BURST_S), rack_module.BURST_MIN)
+            burst = max(int(uplink * 1e6 / 8 * rack_netlink.BURST_S), rack_netlink.BURST_MIN)
             for end in ("up0", "sp0", "up1", "sp1"):
-                assert got[end] >= burst + rack_module.UPLINK_QUEUE_MIN, (uplink, end, got)
-            assert got["e0"] < rack_module.UPLINK_QUEUE_MIN, got  # a host's port: the short queue
+                assert got[end] >= burst + rack_netlink.UPLINK_QUEUE_MIN, (uplink, end, got)
+            assert got["e0"] < rack_netlink.UPLINK_QUEUE_MIN, got  # a host's port: the short queue
     finally:
         fresh.set_uplink_mbit(UPLINK_MBIT)
 
@@ -338,7 +339,8 @@ def test_clean_up_stale_removes_the_rack_of_an_owner_killed_by_sigkill(tmp_path,
     prefix = new_prefix()
     owner = subprocess.Popen([PY, "-c", textwrap.dedent(f"""
         import subprocess, time
-        from lumion_hil.instruments.emulators.rack import Rack, RackHost, RackNic, RackSpec
+        from lumion_hil.instruments.emulators.rack import Rack
+        from lumion_hil.instruments.emulators.rack_spec import RackHost, RackNic, RackSpec
         spec = RackSpec([RackHost(f"gpu{{k}}", [RackNic(f"gpu{{k}}", "nic0", "p0", 100)], electrical_ifname="eth1")
                          for k in range(2)], electrical_mbit=100)
         r = Rack(spec, prefix={prefix!r}, state_dir={str(tmp_path)!r}).build()
@@ -479,7 +481,7 @@ def test_errors_name_the_thing_and_the_reason(tmp_path, monkeypatch):
         unbuilt.set_carrier("gpu0", "nic0", True)
     with pytest.raises(RackError, match="not built"):
         unbuilt.mgmt_gateway
-    monkeypatch.setattr(rack_module, "_available", (False, "not root (uid 1000): CAP_NET_ADMIN missing"))
+    monkeypatch.setattr(rack_machine, "_available", (False, "not root (uid 1000): CAP_NET_ADMIN missing"))
     with pytest.raises(RackUnavailable, match="CAP_NET_ADMIN"):
         unbuilt.build()
     unbuilt.teardown()  # never built: fine

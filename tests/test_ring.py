@@ -25,7 +25,8 @@ import pytest
 
 from lumion_hil.instruments.collectives import Fabric, Link, collective_cost
 from lumion_hil.instruments.emulators import ring_perf
-from lumion_hil.instruments.emulators.ring import Communicator, InitTimeout
+from lumion_hil.instruments.emulators.ring import Communicator
+from lumion_hil.instruments.emulators.ring_errors import InitTimeout
 from lumion_hil.instruments.gpu_host import wire
 from lumion_hil.instruments.gpu_host.jobs import _parse_event, _parse_progress
 from lumion_hil.instruments.gpu_host.nccl import parse_runs

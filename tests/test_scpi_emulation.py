@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lumion_hil.instruments.emulators.scpi import ScpiDevice, ScpiError, parse_channel_list, split_top_level
+from lumion_hil.instruments.emulators.scpi import ScpiDevice
+from lumion_hil.instruments.emulators.scpi_grammar import ScpiError, parse_channel_list, split_top_level
 
 
 @pytest.fixture
@@ -69,7 +70,7 @@ def test_split_respects_parentheses_and_quotes():
 def test_the_standard_event_status_register_by_error_class(device):
     """IEEE 488.2's ESR: PON at power-on, then each error class its own bit (a driver probing a
     feature with an undefined header reads command error, 32, never query error, 4)."""
-    from lumion_hil.instruments.emulators.scpi import Number
+    from lumion_hil.instruments.emulators.scpi_grammar import Number
 
     device.command(":SENSe:TIME", lambda a: Number(1e-4, 10.0, 1e-4, "S").parse(a) and None)
     assert device.handle_line("*ESR?") == "128" and device.handle_line("*ESR?") == "0"

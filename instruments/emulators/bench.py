@@ -73,7 +73,7 @@ class EmulatedBench(BenchBackend):
     def _serve(self, name: str, spec, seed: int):
         """The emulator for a model, on the transport its real instrument uses (the USB meter
         excepted: served on TCP, see its emulator)."""
-        from lumion_hil.instruments.emulators.scpi import PtyLineServer, TcpScpiServer
+        from lumion_hil.instruments.emulators.scpi_transports import PtyLineServer, TcpScpiServer
 
         if spec.model == "polatis":
             from lumion_hil.instruments.emulators.polatis import PolatisEmulator

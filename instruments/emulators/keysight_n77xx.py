@@ -44,7 +44,8 @@ import struct
 import time
 
 from lumion_hil.instruments.emulators.photodiode import PhotodiodeChannel, taps_for
-from lumion_hil.instruments.emulators.scpi import (
+from lumion_hil.instruments.emulators.scpi import ScpiDevice
+from lumion_hil.instruments.emulators.scpi_grammar import (
     DATA_OUT_OF_RANGE,
     DATA_STALE,
     DATA_TYPE_ERROR,
@@ -53,7 +54,6 @@ from lumion_hil.instruments.emulators.scpi import (
     MISSING_PARAMETER,
     SETTINGS_CONFLICT,
     Number,
-    ScpiDevice,
     ScpiError,
     boolean,
     choice,

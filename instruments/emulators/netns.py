@@ -19,13 +19,14 @@ kernel parts on this machine, so that the code a real bench runs runs here too.
 
 Setting up and tearing down is idempotent; a rack left by a run killed outright is found by its
 state file and removed by the next run, or by ``lumion-hil bench restore``.
+
+The data plane that keeps the rack where the world says it is: netns_plane.py; the program the
+bandwidth tests' scripts on the hosts run: netns_perf.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import shlex
 import shutil
 import sys
@@ -37,17 +38,20 @@ from typing import Any
 
 from lumion_hil.instruments.backend import AGENT_FAULTS
 from lumion_hil.instruments.collectives import Fabric, Link, bus_factor, collective_cost, rack_fabric
-from lumion_hil.instruments.emulators import rack as racks
+from lumion_hil.instruments.emulators import rack_machine
 from lumion_hil.instruments.emulators import sshd as sshds
 from lumion_hil.instruments.emulators.bench import EmulatedBench
 from lumion_hil.instruments.emulators.nccl_tests import PROGRAMS
+from lumion_hil.instruments.emulators.netns_perf import FOLDERS
+from lumion_hil.instruments.emulators.netns_plane import DataPlane
+from lumion_hil.instruments.emulators.rack import Rack
+from lumion_hil.instruments.emulators.rack_spec import FABRIC_IFNAME, RackHost, RackNic, RackSpec
 
 PERF_PORT_OFFSET = 1  # nccl-tests' rendezvous: the job's master port + 1, so both can run
-# The bandwidth tests' libraries (netns.collectives), as the run record describes them, and the
-# folder of each one's programs (nccl-tests' names) in the run folder.
+# The bandwidth tests' libraries (netns.collectives), as the run record describes them (their
+# programs' folders in the run folder: netns_perf.FOLDERS).
 LIBRARIES = {"ring": "lumion-hil ring (ssh launcher)", "gloo": "torch.distributed gloo (ssh launcher)",
                  "mpi": "Open MPI, mpi4py (mpirun)"}
-FOLDERS = {"ring": "nccl-tests", "gloo": "gloo-tests", "mpi": "mpi-tests"}
 
 
 class NetnsUnavailable(RuntimeError):
@@ -56,7 +60,7 @@ class NetnsUnavailable(RuntimeError):
 
 def available() -> tuple[bool, str]:
     """Whether a namespaced bench can be built here, and if not, why."""
-    for check in (racks.available, sshds.available):
+    for check in (rack_machine.available, sshds.available):
         ok, why = check()
         if not ok:
             return False, why
@@ -74,7 +78,7 @@ class NetnsBench(EmulatedBench):
     def __init__(self, bench: Any):
         super().__init__(bench)
         self.settings = bench.netns
-        self.rack: racks.Rack | None = None
+        self.rack: Rack | None = None
         self.keys: sshds.SshKeys | None = None
         self.sshd: dict[str, sshds.HostSshd] = {}
         self.plane: DataPlane | None = None
@@ -88,9 +92,9 @@ class NetnsBench(EmulatedBench):
         if not ok:
             raise NetnsUnavailable(f"bench {self.bench.name!r}: the namespaced bench cannot be built here: {why}")
         try:
-            racks.Rack.clean_up_stale()  # what a run killed outright left behind
+            Rack.clean_up_stale()  # what a run killed outright left behind
             self.run_dir = Path(tempfile.mkdtemp(prefix="lumion-hil-netns-"))
-            self.rack = racks.Rack(rack_spec(self.bench)).build()
+            self.rack = Rack(rack_spec(self.bench)).build()
             self.world_service_host = self.rack.mgmt_gateway
             super().start()  # the instruments' emulators and the world's service, on the management network
             hosts = self.bench.topology.hosts
@@ -197,7 +201,7 @@ class NetnsBench(EmulatedBench):
     def fabric_env(self, host, fabric: str) -> dict[str, str]:
         """gloo and Open MPI bind one address per host: the host's fabric address on the
         optical circuits (rack.py routes it over them), its electrical NIC on the rack."""
-        ifname = self.bench.electrical.interface if fabric == "electrical" else racks.FABRIC_IFNAME
+        ifname = self.bench.electrical.interface if fabric == "electrical" else FABRIC_IFNAME
         return {"GLOO_SOCKET_IFNAME": ifname, "OMPI_MCA_btl_tcp_if_include": ifname}
 
     def job_argv(self, job, ranks: list[str]) -> list[str]:
@@ -264,8 +268,8 @@ class NetnsBench(EmulatedBench):
             folder.mkdir(exist_ok=True)
             for program in PROGRAMS:
                 script = folder / program
-                script.write_text(f"#!/bin/sh\nexec {sys.executable} -m lumion_hil.instruments.emulators.netns "
-                                  f"nccl-tests --rack {path} --library {library} --program {program} \"$@\"\n",
+                script.write_text(f"#!/bin/sh\nexec {sys.executable} -m lumion_hil.instruments.emulators.netns_perf"
+                                  f" nccl-tests --rack {path} --library {library} --program {program} \"$@\"\n",
                                   encoding="utf-8")
                 script.chmod(0o755)
 
@@ -325,18 +329,18 @@ class NetnsBench(EmulatedBench):
         return size_bytes / cost.time_s / 1e9 * bus_factor(collective, len(ranks))
 
 
-def rack_spec(bench) -> "racks.RackSpec":
+def rack_spec(bench) -> RackSpec:
     """The rack the bench file describes, at ``netns.rate_scale`` of its rates."""
     scale = bench.netns.rate_scale
     rack = bench.electrical
     hosts = []
     for host in bench.topology.hosts:
-        nics = [racks.RackNic(host.name, nic.name, nic.interface or nic.name,
-                              nic.rate_gbps * 1000 * scale * host.emulation.link_rate_factor) for nic in host.nics]
-        hosts.append(racks.RackHost(host.name, nics, rack=rack.rack_of(host.name) if rack else "rack0",
-                                    electrical_ifname=rack.interface if rack else None))
-    return racks.RackSpec(hosts, electrical_mbit=rack.nic_gbps.value * 1000 * scale if rack else None,
-                          uplink_mbit=uplink_mbit(bench) if rack else None)
+        nics = [RackNic(host.name, nic.name, nic.interface or nic.name,
+                        nic.rate_gbps * 1000 * scale * host.emulation.link_rate_factor) for nic in host.nics]
+        hosts.append(RackHost(host.name, nics, rack=rack.rack_of(host.name) if rack else "rack0",
+                              electrical_ifname=rack.interface if rack else None))
+    return RackSpec(hosts, electrical_mbit=rack.nic_gbps.value * 1000 * scale if rack else None,
+                    uplink_mbit=uplink_mbit(bench) if rack else None)
 
 
 def uplink_mbit(bench) -> dict[str, float]:
@@ -348,160 +352,3 @@ def uplink_mbit(bench) -> dict[str, float]:
         members[rack.rack_of(host.name)] = members.get(rack.rack_of(host.name), 0) + 1
     return {name: count * rack.nic_gbps.value * 1000 * bench.netns.rate_scale / rack.oversubscription.value
             for name, count in members.items()}
-
-
-class DataPlane:
-    """Keeps the rack's data plane where the world's physics says it is: a NIC pair joined
-    (bridged) while the circuits both ways between them are lit, each NIC's carrier up while
-    the world's link state machine says up. Each carrier change is recorded in the world
-    (``netns.carrier``) at the instant its netlink request was sent, with the instant the kernel
-    acknowledged it (``acked_ns``; the same clock): the change happened between the two. That is
-    the ground truth the agent's netlink stamps are judged against."""
-
-    def __init__(self, world, rack, bench):
-        self.world, self.rack, self.bench = world, rack, bench
-        self.nics = [(h.name, n.name) for h, n in bench.nic_ports()]
-        self.tx_owner = {n.tx_port: (h.name, n.name) for h, n in bench.nic_ports()}
-        self.rx_owner = {n.rx_port: (h.name, n.name) for h, n in bench.nic_ports()}
-        self.carrier: dict[tuple[str, str], bool] = {nic: False for nic in self.nics}
-        self.joined: set[frozenset] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="netns-data-plane")
-
-    def start(self) -> "DataPlane":
-        self.apply()
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        with self.world.lock:
-            self.world.changed.notify_all()
-        self._thread.join(timeout=5)
-
-    def wanted(self) -> tuple[dict, set, int | None]:
-        """(carrier per NIC, NIC pairs to join, the next instant either may change), at now."""
-        world = self.world
-        with world.lock:
-            t = world.now_ns()
-            carrier = {(h, n): world.link_state(h, n, t)[0] == "up" for h, n in self.nics}
-            lit = {(self.tx_owner[c.ingress], self.rx_owner[c.egress]) for c in world.live_circuits(t)
-                   if c.lit_at(t) and c.ingress in self.tx_owner and c.egress in self.rx_owner}
-            pairs = {frozenset((a, b)) for a, b in lit if a != b and (b, a) in lit}
-            upcoming = [x for x in (world.next_link_change_ns(h, n, t) for h, n in self.nics) if x is not None]
-            upcoming += [c.lit_ns for c in world.live_circuits(t) if c.lit_ns > t]
-        return carrier, pairs, min(upcoming) if upcoming else None
-
-    def apply(self) -> None:
-        carrier, pairs, _ = self.wanted()
-        self._apply(carrier, pairs)
-
-    def _apply(self, carrier: dict, pairs: set) -> None:
-        """Carriers that go down first (the light has gone), then the circuits, then the
-        carriers that come up (over the circuits as they now are)."""
-        self._set_carriers({nic: up for nic, up in carrier.items() if not up})
-        for pair in self.joined - pairs:
-            self.rack.part(*sorted(pair))
-        for pair in pairs - self.joined:
-            self.rack.join(*sorted(pair))
-        if pairs != self.joined:  # the hosts' routes to each other's fabric address follow the circuits
-            self.rack.set_fabric_routes(pairs)
-        self.joined = set(pairs)
-        self._set_carriers({nic: up for nic, up in carrier.items() if up})
-
-    def _set_carriers(self, carrier: dict) -> None:
-        for nic, up in carrier.items():
-            if up != self.carrier[nic]:
-                sent = self.world.now_ns()
-                acked = self.rack.set_carrier(nic[0], nic[1], up)  # the kernel changed it in between
-                self.carrier[nic] = up
-                self.world.record(sent, "netns.carrier", f"{nic[0]}.{nic[1]}", up=up, acked_ns=acked)
-
-    def _stamp(self) -> tuple[int, int]:
-        """What moves when the world changes (light, or a recorded event such as a switch command)."""
-        with self.world.lock:
-            return self.world.light_version, len(self.world.events)
-
-    def _run(self) -> None:
-        world = self.world
-        while not self._stop.is_set():
-            stamp = self._stamp()
-            carrier, pairs, upcoming = self.wanted()
-            self._apply(carrier, pairs)
-            with world.lock:
-                if self._stop.is_set():
-                    return
-                if self._stamp() != stamp:
-                    continue  # the world changed while we applied the last state: no wake-up is owed
-                wait = 1.0 if upcoming is None else max(0.0, (upcoming - world.now_ns()) / 1e9)
-                if wait > 0:
-                    world.changed.wait(min(wait, 1.0))
-
-
-def _nccl_tests(args) -> int:
-    """One nccl-tests program over the ranks LUMION_HIL_RANKS names (what ``mpirun -H`` would
-    tell the real programs): started on every rank's host through ssh by the launcher."""
-    rack_map = json.loads(Path(args.rack).read_text(encoding="utf-8"))
-    ranks = [r for r in os.environ.get("LUMION_HIL_RANKS", "").split(",") if r]
-    unknown = [r for r in ranks if r not in rack_map["hosts"]]
-    if not ranks or unknown:
-        print(f"{args.program}: LUMION_HIL_RANKS={os.environ.get('LUMION_HIL_RANKS', '')!r} names "
-              f"{'no hosts' if not ranks else 'hosts not on this rack: ' + ', '.join(unknown)}", file=sys.stderr)
-        return 2
-    env = {"LUMION_HIL_RANKS": ",".join(ranks), "LUMION_HIL_MASTER": f"{rack_map['mgmt'][ranks[0]]}:{rack_map['port']}"}
-    for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "LUMION_HIL_TIMEOUT_S"):
-        if os.environ.get(name):
-            env[name] = os.environ[name]
-    if args.library == "mpi":
-        argv = _mpirun(rack_map, ranks, args)
-    else:
-        program = (["-m", "lumion_hil.instruments.emulators.library_perf", "--library", "gloo"]
-                   if args.library == "gloo" else ["-m", "lumion_hil.instruments.emulators.ring_perf"])
-        argv = [rack_map["python"], "-m", "lumion_hil.instruments.emulators.launch", "--ssh-config",
-                rack_map["ssh_config"], "--hosts", ",".join(rack_map["hosts"][r] for r in ranks)]
-        for key, value in env.items():
-            argv += ["--env", f"{key}={value}"]
-        argv += ["--", rack_map["python"], *program, "--program", args.program, *args.rest]
-    os.execv(argv[0], argv)
-    return 127  # not reached
-
-
-def _mpirun(rack_map: dict, ranks: list[str], args) -> list[str]:
-    """mpirun with a host file of the ranks' management addresses, one slot each, as Morphlux
-    relaunches its job: Open MPI starts its daemons there through ssh (the rack's keys), its
-    out-of-band channel on the management network, the ranks' bytes over the TCP transport on
-    the interface OMPI_MCA_btl_tcp_if_include names (the caller's environment)."""
-    hostfile = Path(rack_map["run_dir"]) / f"mpi-hosts-{'-'.join(ranks)}.txt"  # removed with the run's folder
-    hostfile.write_text("".join(f"{rack_map['mgmt'][r]} slots=1\n" for r in ranks), encoding="utf-8")
-    return [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "-np", str(len(ranks)), "--hostfile", str(hostfile),
-            "--mca", "plm_rsh_agent", f"ssh -F {rack_map['ssh_config']}", "--mca", "oob_tcp_if_include", "mgmt0",
-            "--mca", "btl", "tcp,self", "--mca", "pml", "ob1",
-            # ranks that wait yield the core (Open MPI polls for progress: three ranks spinning on
-            # a 2-core machine starve the kernel's own work on the shaped links)
-            "--mca", "mpi_yield_when_idle", "1",
-            # the tuned component's ring all-reduce: its default for three ranks here carried a third
-            # of a link (0.0037 GB/s, 50 s a sweep); the ring carries a link's rate (0.0119, 18 s)
-            "--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4",
-            "-x", f"LUMION_HIL_RANKS={','.join(ranks)}", "-x", "OMPI_MCA_btl_tcp_if_include", "-x", "OMP_NUM_THREADS=1",
-            rack_map["python"], "-m", "lumion_hil.instruments.emulators.library_perf", "--library", "mpi",
-            "--program", args.program, *args.rest]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lumion_hil.instruments.emulators.netns", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    tests = sub.add_parser("nccl-tests", help="run a nccl-tests program over the rack's hosts (the hosts' build/ "
-                           "folder); every other argument is the program's own")
-    tests.add_argument("--rack", required=True, help="the rack's map (rack.json in the run folder)")
-    tests.add_argument("--program", required=True, choices=sorted(PROGRAMS))
-    tests.add_argument("--library", choices=sorted(FOLDERS), default="ring",
-                       help="ring: lumion-hil's ring over ssh; gloo: torch.distributed over ssh; mpi: mpi4py "
-                       "on Open MPI under mpirun")
-    args, rest = parser.parse_known_args(argv)
-    args.rest = rest
-    return _nccl_tests(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -34,7 +34,8 @@ import random
 
 from typing import Any
 
-from lumion_hil.instruments.emulators.scpi import (
+from lumion_hil.instruments.emulators.scpi import ScpiDevice
+from lumion_hil.instruments.emulators.scpi_grammar import (
     DATA_OUT_OF_RANGE,
     HARDWARE_MISSING,
     HEADER_SUFFIX_OUT_OF_RANGE,
@@ -42,7 +43,6 @@ from lumion_hil.instruments.emulators.scpi import (
     MISSING_PARAMETER,
     PARAMETER_NOT_ALLOWED,
     SETTINGS_CONFLICT,
-    ScpiDevice,
     ScpiError,
     choice,
     format_channel_list,

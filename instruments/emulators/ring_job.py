@@ -37,7 +37,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402 (after OMP_NUM_THREADS)
 
-from lumion_hil.instruments.emulators.ring import CONGESTION_CONTROL, CommError, Communicator
+from lumion_hil.instruments.emulators.ring import CONGESTION_CONTROL, Communicator
+from lumion_hil.instruments.emulators.ring_errors import CommError
 from lumion_hil.instruments.emulators.world_client import WorldClient
 
 CUDA_ERROR = "CUDA error: unspecified launch failure (GPU of {host} is lost, XID 79)"  # as job.py prints it

@@ -41,7 +41,8 @@ import numpy as np  # noqa: E402 (after OMP_NUM_THREADS)
 
 from lumion_hil.instruments.emulators.nccl_tests import (PROGRAMS, Report, device_line, parser_for, program_name,
                                                           sizes)
-from lumion_hil.instruments.emulators.ring import CONGESTION_CONTROL, OPS, CommError, Communicator
+from lumion_hil.instruments.emulators.ring import CONGESTION_CONTROL, OPS, Communicator
+from lumion_hil.instruments.emulators.ring_errors import CommError
 
 DTYPES = {"int8": np.int8, "uint8": np.uint8, "int32": np.int32, "uint32": np.uint32, "int64": np.int64,
           "uint64": np.uint64, "half": np.float16, "float16": np.float16, "float": np.float32, "float32": np.float32,

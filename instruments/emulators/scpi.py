@@ -1,312 +1,39 @@
-"""SCPI for emulators: a command tree declared the way the vendors' programming guides write it,
-one parser for every spelling, a real error queue, faults, and servers that put an emulated
-instrument on the transports real ones use (raw TCP socket, pseudo-terminal).
+"""An emulated SCPI instrument (:class:`ScpiDevice`): a command tree declared as patterns
+(scpi_grammar.py), a real error queue, IEEE 488.2's status registers and SCPI-99's status
+structures, and faults. scpi_transports.py puts it on the wire real instruments use.
 
-Patterns follow SCPI-99 and the guides: ``[:SENSe[n]]:CORRection:WAVelength?``. Each node
-matches its short form (the capitals) or its long form, in any case; a node in brackets may be
-left out; ``[n]`` (or ``#``) after a node takes an optional numeric suffix, 1 when absent.
 Several commands may share a line, joined by ``;``: a header without a leading colon continues
 from the previous one's branch (SCPI-99 6.2.4) and, failing that, from the root (lenient, as
-some firmware is). Arguments take MIN/MAX/DEF and units where declared (``1550NM``,
-``-10DBM``, ``100MS``). What a real instrument refuses goes on the error queue with the
-standard's number.
+some firmware is). What a real instrument refuses goes on the error queue with the standard's
+number.
 """
 
 from __future__ import annotations
 
 import collections
-import os
-import math
 import re
-import select
-import socket
-import socketserver
 import threading
 import time
-import tty
-from dataclasses import dataclass, field
-from typing import Callable
 
 from lumion_hil.instruments.backend import INSTRUMENT_FAULTS
+from lumion_hil.instruments.emulators.scpi_grammar import (
+    DEVICE_ERROR,
+    EXECUTION_ERROR,
+    HEADER_TOKEN,
+    QUEUE_OVERFLOW,
+    SYNTAX_ERROR,
+    UNDEFINED_HEADER,
+    Command,
+    Handler,
+    Number,
+    ScpiError,
+    compile_pattern,
+    match_tokens,
+    no_args,
+    split_top_level,
+)
 
 _ERROR_QUEUE_SIZE = 30
-
-
-class ScpiError(Exception):
-    """An error an emulated instrument puts on its error queue."""
-
-    def __init__(self, code: int, message: str):
-        self.code = code
-        self.message = message
-        super().__init__(f'{code},"{message}"')
-
-
-COMMAND_ERROR = (-100, "Command error")
-INVALID_CHARACTER = (-101, "Invalid character")
-SYNTAX_ERROR = (-102, "Syntax error")
-DATA_TYPE_ERROR = (-104, "Data type error")
-PARAMETER_NOT_ALLOWED = (-108, "Parameter not allowed")
-MISSING_PARAMETER = (-109, "Missing parameter")
-UNDEFINED_HEADER = (-113, "Undefined header")
-HEADER_SUFFIX_OUT_OF_RANGE = (-114, "Header suffix out of range")
-INVALID_SUFFIX = (-131, "Invalid suffix")
-ILLEGAL_PARAMETER = (-224, "Illegal parameter value")
-EXECUTION_ERROR = (-200, "Execution error")
-SETTINGS_CONFLICT = (-221, "Settings conflict")
-DATA_OUT_OF_RANGE = (-222, "Data out of range")
-DATA_STALE = (-230, "Data corrupt or stale")
-HARDWARE_MISSING = (-241, "Hardware missing")
-DEVICE_ERROR = (-300, "Device-specific error")
-QUEUE_OVERFLOW = (-350, "Queue overflow")
-
-
-@dataclass
-class _Node:
-    short: str
-    long: str
-    suffix: bool = False
-
-    def match(self, name: str, digits: str) -> tuple[bool, int | None]:
-        if name.upper() not in (self.short, self.long):
-            return False, None
-        if digits and not self.suffix:
-            return False, None
-        return True, (int(digits) if digits else 1) if self.suffix else None
-
-
-@dataclass
-class _Optional:
-    items: list
-
-
-Handler = Callable[..., "str | bytes | None"]
-
-
-@dataclass
-class _Command:
-    items: list
-    query: bool
-    handler: Handler
-    pattern: str
-    suffixes: int = 0
-
-
-def _node(word: str, suffix: bool) -> _Node:
-    short = "".join(ch for ch in word if ch.isupper() or ch.isdigit() or ch in "*") or word.upper()
-    return _Node(short, word.upper(), suffix)
-
-
-def _compile(pattern: str) -> tuple[list, bool, int]:
-    """``[:SENSe[n]]:POWer[:DC]:UNIT?`` -> (items, is_query, number of suffix nodes)."""
-    text = pattern.strip()
-    query = text.endswith("?")
-    text = text.rstrip("?")
-    pos = 0
-    count = 0
-
-    def group(end: str | None) -> list:
-        nonlocal pos, count
-        items: list = []
-        while pos < len(text):
-            ch = text[pos]
-            if end and ch == end:
-                pos += 1
-                return items
-            if ch == "[":
-                pos += 1
-                items.append(_Optional(group("]")))
-                continue
-            if ch == ":":
-                pos += 1
-                continue
-            m = re.compile(r"([A-Za-z*][A-Za-z0-9_*]*?)(\[n\]|\[m\]|<n>|<m>|#)?(?=[:\[\]]|$)").match(text, pos)
-            if not m:
-                raise ValueError(f"bad SCPI pattern {pattern!r} at {pos}")
-            word, marker = m.group(1), m.group(2)
-            items.append(_node(word, bool(marker)))
-            count += bool(marker)
-            pos = m.end()
-        if end:
-            raise ValueError(f"bad SCPI pattern {pattern!r}: unclosed [")
-        return items
-
-    items = group(None)
-    return items, query, count
-
-
-def _match(items: list, tokens: list[tuple[str, str]], suffixes: list) -> list | None:
-    """Suffix values for every suffix node (skipped ones: 1) if the tokens match, else None."""
-    if not items:
-        return suffixes if not tokens else None
-    head, rest = items[0], items[1:]
-    if isinstance(head, _Optional):
-        taken = _match(head.items + rest, tokens, suffixes)
-        if taken is not None:
-            return taken
-        return _match(rest, tokens, suffixes + [1] * _suffix_nodes(head.items))
-    if not tokens:
-        return None
-    ok, number = head.match(*tokens[0])
-    if not ok:
-        return None
-    return _match(rest, tokens[1:], suffixes + ([number] if head.suffix else []))
-
-
-def _suffix_nodes(items: list) -> int:
-    return sum(_suffix_nodes(i.items) if isinstance(i, _Optional) else int(i.suffix) for i in items)
-
-
-_TOKEN = re.compile(r"([A-Za-z*][A-Za-z0-9*]*?)(\d*)")  # a node may hold digits (Q4Voltage); trailing ones are its suffix
-
-
-def split_top_level(text: str, sep: str) -> list[str]:
-    """Split on ``sep`` outside parentheses and quotes."""
-    parts, depth, quote, current = [], 0, "", []
-    for ch in text:
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == sep and depth == 0:
-            parts.append("".join(current))
-            current = []
-            continue
-        current.append(ch)
-    parts.append("".join(current))
-    return parts
-
-
-def parse_channel_list(text: str) -> list[int]:
-    """``(@1,2,5:7)`` -> [1, 2, 5, 6, 7]; ``(@)`` -> []."""
-    m = re.fullmatch(r"\s*\(\s*@([^)]*)\)\s*", text)
-    if not m:
-        raise ScpiError(*DATA_TYPE_ERROR)
-    out: list[int] = []
-    for item in filter(None, (s.strip() for s in m.group(1).split(","))):
-        if ":" in item:
-            lo, hi = item.split(":", 1)
-            if not (lo.strip().isdigit() and hi.strip().isdigit()) or int(lo) > int(hi):
-                raise ScpiError(*DATA_TYPE_ERROR)
-            out.extend(range(int(lo), int(hi) + 1))
-        elif item.isdigit():
-            out.append(int(item))
-        else:
-            raise ScpiError(*DATA_TYPE_ERROR)
-    return out
-
-
-def ieee_block(payload: bytes) -> bytes:
-    """IEEE 488.2 definite-length block: #<digits><length><payload>."""
-    length = str(len(payload))
-    return f"#{len(length)}{length}".encode("ascii") + payload
-
-
-_MULTIPLIERS = {"": 1.0, "EX": 1e18, "PE": 1e15, "T": 1e12, "G": 1e9, "MA": 1e6, "K": 1e3, "M": 1e-3, "U": 1e-6,
-                "N": 1e-9, "P": 1e-12, "F": 1e-15, "A": 1e-18}
-_KEYWORDS = {"MIN": "MIN", "MINIMUM": "MIN", "MAX": "MAX", "MAXIMUM": "MAX", "DEF": "DEF", "DEFAULT": "DEF"}
-
-
-def parse_number(text: str, unit: str = "", *, units: dict[str, float] | None = None) -> float:
-    """A numeric argument with an optional SCPI multiplier and unit: ``1550nm``, ``100 MS``,
-    ``1e-4s``, ``-10DBM``. ``unit`` is the base unit (``M`` metres, ``S`` seconds, ``W``);
-    ``units`` maps other whole suffixes to factors (``{"NM": 1}`` for a value kept in nm)."""
-    m = re.fullmatch(r"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*", text)
-    if not m:
-        raise ScpiError(*DATA_TYPE_ERROR)
-    value, suffix = float(m.group(1)), m.group(2).upper()
-    if not suffix:
-        return value
-    if units and suffix in units:
-        return value * units[suffix]
-    if unit and suffix.endswith(unit.upper()):
-        prefix = suffix[: -len(unit)]
-        if prefix in _MULTIPLIERS:
-            return value * _MULTIPLIERS[prefix]
-    raise ScpiError(*INVALID_SUFFIX)
-
-
-def keyword(text: str) -> str | None:
-    """MIN, MAX or DEF (any spelling SCPI allows), or None."""
-    return _KEYWORDS.get(text.strip().upper())
-
-
-@dataclass
-class Number:
-    """A numeric setting the way SCPI declares one: its range, default, unit and the reply
-    format; MIN/MAX/DEF work on the setting and on its query."""
-
-    minimum: float
-    maximum: float
-    default: float
-    unit: str = ""
-    units: dict[str, float] = field(default_factory=dict)
-    integer: bool = False
-
-    def parse(self, args: str) -> float:
-        if not args.strip():
-            raise ScpiError(*MISSING_PARAMETER)
-        word = keyword(args)
-        if word:
-            return {"MIN": self.minimum, "MAX": self.maximum, "DEF": self.default}[word]
-        value = parse_number(args, self.unit, units=self.units)
-        if self.integer:
-            if value != int(value):
-                raise ScpiError(*DATA_TYPE_ERROR)
-            value = int(value)
-        # A limit written with a multiplier (100 US for 1e-4 s) is the limit: the multiplication's
-        # last bit of rounding does not put it out of range.
-        for limit in (self.minimum, self.maximum):
-            if math.isclose(value, limit, rel_tol=1e-9, abs_tol=0.0):
-                value = limit
-        if not self.minimum <= value <= self.maximum:
-            raise ScpiError(*DATA_OUT_OF_RANGE)
-        return value
-
-    def query(self, args: str, current: float) -> float:
-        """The query's answer: the current value, or MIN/MAX/DEF when asked for."""
-        if not args.strip():
-            return current
-        word = keyword(args)
-        if word is None:
-            raise ScpiError(*ILLEGAL_PARAMETER)
-        return {"MIN": self.minimum, "MAX": self.maximum, "DEF": self.default}[word]
-
-
-def boolean(args: str) -> bool:
-    value = args.strip().upper()
-    if not value:
-        raise ScpiError(*MISSING_PARAMETER)
-    if value in ("ON", "1"):
-        return True
-    if value in ("OFF", "0"):
-        return False
-    raise ScpiError(*ILLEGAL_PARAMETER)
-
-
-def choice(args: str, *options: str) -> str:
-    """One of the declared words (each in its short or long form), as declared."""
-    value = args.strip().upper()
-    if not value:
-        raise ScpiError(*MISSING_PARAMETER)
-    for option in options:
-        node = _node(option, False)
-        if value in (node.short, node.long):
-            return option
-    raise ScpiError(*ILLEGAL_PARAMETER)
-
-
-def no_args(args: str) -> None:
-    if args.strip():
-        raise ScpiError(*PARAMETER_NOT_ALLOWED)
-
-
-def format_channel_list(ports) -> str:
-    return "(@" + ",".join(str(p) for p in ports) + ")"
-
 
 FAULTS = INSTRUMENT_FAULTS  # what an emulated instrument can be made to do wrong
 
@@ -324,7 +51,7 @@ class ScpiDevice:
     def __init__(self, name: str, *, command_latency_s: float = 0.0):
         self.name = name
         self.command_latency_s = command_latency_s
-        self._commands: list[_Command] = []
+        self._commands: list[Command] = []
         self._refusals: list[tuple[list, bool, tuple[int, str]]] = []
         self._errors: collections.deque[tuple[int, str]] = collections.deque()
         self._errors_lock = threading.Lock()
@@ -390,12 +117,12 @@ class ScpiDevice:
         """A command of the vendor's reference that this emulator answers with ``error`` (what
         its manual file lists as refused: hardware the bench has not, a setting it must not
         change), matched only where no declared command matches."""
-        items, query, _ = _compile(pattern)
+        items, query, _ = compile_pattern(pattern)
         self._refusals.append((items, query, error))
 
     def command(self, pattern: str, handler: Handler) -> None:
-        items, query, suffixes = _compile(pattern)
-        self._commands.append(_Command(items, query, handler, pattern, suffixes))
+        items, query, suffixes = compile_pattern(pattern)
+        self._commands.append(Command(items, query, handler, pattern, suffixes))
 
     def set_fault(self, name: str, value: float | None = None) -> None:
         if name not in FAULTS:
@@ -517,7 +244,7 @@ class ScpiDevice:
         absolute = bare.startswith(":") or bare.startswith("*")
         tokens = []
         for token in bare.lstrip(":").split(":"):
-            tm = _TOKEN.fullmatch(token)
+            tm = HEADER_TOKEN.fullmatch(token)
             if not tm:
                 raise ScpiError(*UNDEFINED_HEADER if token else SYNTAX_ERROR)
             tokens.append((tm.group(1), tm.group(2)))
@@ -526,7 +253,7 @@ class ScpiDevice:
             for cmd in self._commands:
                 if cmd.query != query:
                     continue
-                suffixes = _match(cmd.items, attempt, [])
+                suffixes = match_tokens(cmd.items, attempt, [])
                 if suffixes is None:
                     continue
                 if "busy" in self.faults and not query and not header.startswith("*"):
@@ -536,13 +263,9 @@ class ScpiDevice:
                 return reply, new_path
         for attempt in tries:
             for items, is_query, error in self._refusals:
-                if is_query == query and _match(items, attempt, []) is not None:
+                if is_query == query and match_tokens(items, attempt, []) is not None:
                     raise ScpiError(*error)
         raise ScpiError(*UNDEFINED_HEADER)
-
-
-def _raise(error: tuple[int, str]):
-    raise ScpiError(*error)
 
 
 def esr_bit(code: int) -> int:
@@ -556,221 +279,3 @@ def esr_bit(code: int) -> int:
     if -499 <= code <= -400:
         return 4
     return 8
-
-
-# --- transports ---------------------------------------------------------------------------------
-
-GARBAGE = b"\x7f#!garbage?%"
-
-
-def faulty_reply(faults: dict, reply: bytes, eol: bytes) -> bytes | None:
-    """What the wire carries for a reply under the device's faults (None: nothing at all)."""
-    if "stall" in faults:
-        return None
-    if "garbage" in faults:
-        reply = GARBAGE
-    if "partial" in faults:
-        return reply[: max(1, len(reply) // 2)]  # and never the rest, nor the line end
-    if "delay" in faults:
-        time.sleep(faults["delay"] if faults["delay"] is not None else 30.0)
-    return reply + eol
-
-
-class _LineHandler(socketserver.StreamRequestHandler):
-    def handle(self) -> None:
-        server = self.server
-        device: ScpiDevice = server.device  # type: ignore[attr-defined]
-        server.clients_seen += 1  # type: ignore[attr-defined]
-        server.connections.add(self.connection)  # type: ignore[attr-defined]
-        try:
-            while True:
-                try:
-                    raw = self.rfile.readline()
-                except (ConnectionError, OSError):  # the client went away mid-line, or power was cut
-                    return
-                if not raw:
-                    return
-                if "drop" in device.faults:
-                    return
-                line = raw.decode("ascii", "replace").rstrip("\r\n")
-                reply = device.handle_line(line)
-                server.wire_log.append((line, reply))  # type: ignore[attr-defined]
-                if reply is None:
-                    continue
-                data = faulty_reply(device.faults, reply if isinstance(reply, bytes) else
-                                    reply.encode("ascii", "replace"), b"\n")
-                if data is None:
-                    continue
-                try:
-                    self.wfile.write(data)
-                    self.wfile.flush()
-                except (ConnectionError, BrokenPipeError, OSError):
-                    return
-        finally:
-            server.connections.discard(self.connection)  # type: ignore[attr-defined]
-
-
-class ThreadingServer(socketserver.ThreadingTCPServer):
-    """A TCP server for an emulated instrument's clients: a thread each, Nagle off."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-    block_on_close = False
-
-    def server_bind(self) -> None:
-        self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        super().server_bind()
-
-
-class TcpScpiServer:
-    """Serve a device as raw SCPI over TCP on loopback, on a port the OS chooses (or ``port``)."""
-
-    def __init__(self, device: ScpiDevice, host: str = "127.0.0.1", port: int = 0):
-        self.device = device
-        self.host = host
-        self._server = self._make_server(host, port)
-        # What arrived and what was answered, newest last: lets a test compare a driver's bytes
-        # with a recorded dialogue.
-        self.wire_log: collections.deque = collections.deque(maxlen=1000)
-        self._server.wire_log = self.wire_log  # type: ignore[attr-defined]
-        self._thread: threading.Thread | None = None
-        self._power = threading.Lock()
-        self._closed = False
-
-    def _make_server(self, host: str, port: int) -> ThreadingServer:
-        server = ThreadingServer((host, port), _LineHandler)
-        server.device = self.device  # type: ignore[attr-defined]
-        server.clients_seen = 0  # type: ignore[attr-defined]
-        server.connections = set()  # type: ignore[attr-defined]
-        if hasattr(self, "wire_log"):
-            server.wire_log = self.wire_log  # type: ignore[attr-defined]
-        return server
-
-    @property
-    def port(self) -> int:
-        return self._server.server_address[1]
-
-    @property
-    def clients_seen(self) -> int:
-        return self._server.clients_seen  # type: ignore[attr-defined]
-
-    @property
-    def resource(self) -> str:
-        return f"TCPIP0::127.0.0.1::{self.port}::SOCKET"
-
-    def start(self) -> "TcpScpiServer":
-        # A short poll interval: stopping a bench should not wait half a second per instrument.
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
-                                        name=f"scpi-{self.device.name}", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        with self._power:
-            self._closed = True
-            self._shutdown()
-
-    def _shutdown(self) -> None:
-        self._server.shutdown()
-        for conn in list(self._server.connections):  # type: ignore[attr-defined]
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self._server.server_close()
-
-    def power_loss(self, down_s: float = 1.0) -> None:
-        """Cut the power now: every connection drops and nothing listens; ``down_s`` later the
-        instrument comes back on the same address in its power-on state (as if its process were
-        killed and started again). Returns at once; the comeback happens on its own."""
-        port = self.port
-        with self._power:
-            self._shutdown()
-        self.device.power_on()
-
-        def come_back() -> None:
-            time.sleep(down_s)  # the instrument boots for this long
-            with self._power:
-                if not self._closed:  # the bench was stopped meanwhile: stay off
-                    self._server = self._make_server(self.host, port)
-                    self.start()
-
-        threading.Thread(target=come_back, name=f"scpi-{self.device.name}-boot", daemon=True).start()
-
-
-class PtyLineServer:
-    """Serve a line-oriented device on a pseudo-terminal, opened by pyserial like a real port.
-
-    ``eol`` is the line ending the instrument uses in both directions. The device's ``faults``
-    (see FAULTS) apply to what goes back on the wire; ``power_loss`` here means nothing answers
-    while it is down and the device is reset."""
-
-    def __init__(self, handle_line: Callable[[str], "str | None"], name: str, eol: bytes = b"\n",
-                 faults: dict | None = None, power_on: Callable[[], None] | None = None, any_eol: bool = False):
-        self._handle_line = handle_line
-        self.name = name
-        self.eol = eol
-        self.any_eol = any_eol  # lines may end in CR, LF or CR LF (answers still end in ``eol``)
-        self.faults = faults if faults is not None else {}
-        self._power_on = power_on
-        self._down_until = 0.0
-        self._master, self._slave = os.openpty()
-        tty.setraw(self._slave)  # no echo, no line editing: bytes pass as they are
-        self.path = os.ttyname(self._slave)
-        self._stop_r, self._stop_w = os.pipe()
-        self._thread = threading.Thread(target=self._run, name=f"pty-{name}", daemon=True)
-
-    @property
-    def resource(self) -> str:
-        return self.path
-
-    def start(self) -> "PtyLineServer":
-        self._thread.start()
-        return self
-
-    def power_loss(self, down_s: float = 1.0) -> None:
-        self._down_until = time.monotonic() + down_s
-        if self._power_on:
-            self._power_on()
-
-    def _run(self) -> None:
-        buffer = b""
-        while True:
-            ready, _, _ = select.select([self._master, self._stop_r], [], [])
-            if self._stop_r in ready:
-                return
-            try:
-                chunk = os.read(self._master, 4096)
-            except OSError:
-                return
-            if time.monotonic() < self._down_until:
-                buffer = b""  # no power: what arrives is lost
-                continue
-            buffer += chunk
-            while True:
-                if self.any_eol:
-                    m = re.search(rb"\r\n|\r|\n", buffer)
-                    if not m:
-                        break
-                    line, buffer = buffer[:m.start()], buffer[m.end():]
-                elif self.eol in buffer:
-                    line, buffer = buffer.split(self.eol, 1)
-                else:
-                    break
-                if "drop" in self.faults:  # a serial line has no connection to drop: it goes silent
-                    continue
-                reply = self._handle_line(line.decode("ascii", "replace").strip("\r\n"))
-                if reply is None:
-                    continue
-                data = faulty_reply(self.faults, reply.encode("ascii", "replace"), self.eol)
-                if data is not None:
-                    os.write(self._master, data)
-
-    def stop(self) -> None:
-        os.write(self._stop_w, b"x")
-        self._thread.join(timeout=2)
-        for fd in (self._master, self._slave, self._stop_r, self._stop_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass

@@ -52,7 +52,8 @@ import random
 import time
 
 from lumion_hil.instruments.emulators.photodiode import PhotodiodeChannel, taps_for
-from lumion_hil.instruments.emulators.scpi import (
+from lumion_hil.instruments.emulators.scpi import ScpiDevice
+from lumion_hil.instruments.emulators.scpi_grammar import (
     DATA_OUT_OF_RANGE,
     DATA_STALE,
     HARDWARE_MISSING,
@@ -61,7 +62,6 @@ from lumion_hil.instruments.emulators.scpi import (
     MISSING_PARAMETER,
     SETTINGS_CONFLICT,
     Number,
-    ScpiDevice,
     ScpiError,
     boolean,
     choice,

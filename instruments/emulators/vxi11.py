@@ -26,7 +26,7 @@ import struct
 import threading
 import time
 
-from lumion_hil.instruments.emulators.scpi import ThreadingServer
+from lumion_hil.instruments.emulators.scpi_transports import ThreadingServer
 
 DEVICE_CORE_PROG, DEVICE_CORE_VERS = 0x0607AF, 1
 PMAP_PROG, PMAP_VERS, PMAP_PORT = 100000, 2, 111
