@@ -9,6 +9,7 @@ its links are the host's own, read from /sys/class/net and woken by netlink, as 
 from __future__ import annotations
 
 from lumion_hil.instruments.backend import AGENT_FAULTS
+from lumion_hil.instruments.emulators.forkserver import ForkServer
 from lumion_hil.instruments.emulators.links import WorldLinks
 from lumion_hil.instruments.emulators.nvml import FakeNvml
 from lumion_hil.instruments.emulators.world_client import WorldClient
@@ -16,6 +17,10 @@ from lumion_hil.instruments.gpu_host.agent import Agent, clock_with_offset, pars
 from lumion_hil.instruments.gpu_host.jobs import JobControl
 from lumion_hil.instruments.gpu_host.links import SysfsLinks
 from lumion_hil.instruments.gpu_host.nvml_backend import NvmlGpus
+
+# The emulated benches' jobs (their ranks are forked, ready imported): the emulated training job
+# and the namespaced bench's ring job.
+EMULATED_JOBS = ("lumion_hil.instruments.emulators.job", "lumion_hil.instruments.emulators.ring_job")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,6 +35,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--links", choices=("world", "sysfs"), default="world",
                         help="where link state comes from: the world's model (default), or this host's own "
                              "/sys/class/net and netlink, as on a real host (the namespaced bench)")
+    parser.add_argument("--preload", action="append", default=[], metavar="MODULE",
+                        help="a job module this host's ranks will run (" + ", ".join(EMULATED_JOBS) + "): imported "
+                             "once as the agent starts, so that its ranks start forked from it at once")
     parser.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]",
                         help="start with this fault on (" + ", ".join(AGENT_FAULTS) + ")")
     args = parser.parse_args(argv)
@@ -50,9 +58,15 @@ def main(argv: list[str] | None = None) -> None:
         interfaces = world.call("nics", host=args.host)
     links = (SysfsLinks(args.sysfs, clock_ns) if args.links == "sysfs"
              else WorldLinks(world, args.host, interfaces, clock_ns, args.notify_latency_s))
+    # The emulated jobs' ranks are forked from a server that has imported them once: a restart
+    # costs a fork, not an interpreter's start-up (forkserver.py).
+    unknown = [m for m in args.preload if m not in EMULATED_JOBS]
+    if unknown:
+        parser.error(f"--preload {unknown[0]}: not one of the emulated jobs ({', '.join(EMULATED_JOBS)})")
+    forks = ForkServer(EMULATED_JOBS, preload=tuple(args.preload)).start()
     Agent(NvmlGpus(FakeNvml(world, args.host), clock_ns), links,
-          JobControl(args.log_dir, clock_ns, offset, read_latency_s=args.notify_latency_s), clock_ns,
-          "emulated", faults).serve()
+          JobControl(args.log_dir, clock_ns, offset, read_latency_s=args.notify_latency_s, popen=forks.popen),
+          clock_ns, "emulated", faults).serve()
 
 
 if __name__ == "__main__":

@@ -68,9 +68,21 @@ def fill_template(template: list[str], fields: dict) -> list[str]:
     return [_PLACEHOLDER.sub(fill, arg) for arg in template]
 
 
+def _popen(argv: list[str], env: dict) -> subprocess.Popen:
+    """A rank's process: its own session (so that it and whatever it starts are signalled as one
+    process group), stdout and stderr on one pipe, stdin closed."""
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=env, start_new_session=True)
+
+
 class JobControl:
-    def __init__(self, log_dir: str, clock_ns=time.monotonic_ns, offset_ns: int = 0, read_latency_s: float = 0.0):
+    def __init__(self, log_dir: str, clock_ns=time.monotonic_ns, offset_ns: int = 0, read_latency_s: float = 0.0,
+                 popen=_popen):
         self.log_dir = Path(log_dir)
+        # How a rank's process is started: (argv, env) -> a Popen (or an object with its poll,
+        # wait, pid, returncode and stdout), as _popen starts it. An emulated host's agent
+        # starts its emulated ranks from a fork server (instruments/emulators/forkserver.py).
+        self.popen = popen
         self.read_latency_s = read_latency_s  # emulated: how late the job's lines reach the agent (a defect)
         self.clock_ns = clock_ns
         self.offset_ns = offset_ns  # what the agent adds to CLOCK_MONOTONIC (tests of clock mapping)
@@ -96,9 +108,7 @@ class JobControl:
             self._progress, self._exit_ns, self._tail, self._steps, self._events = {}, None, [], [], []
             self._errors = []
             try:
-                self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                              stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                              start_new_session=True)
+                self._proc = self.popen(argv, {**os.environ, **(env or {})})
             except OSError as exc:
                 raise JobError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
             self._started_ns, self._argv, self._fields = self.clock_ns(), argv, dict(fields)
