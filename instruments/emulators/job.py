@@ -48,18 +48,21 @@ class _Peers:
                       f"clients. {joined}/{self.nranks} clients joined. (missing ranks {state['missing']})", flush=True)
                 return False
 
-    def collective(self, seq: int) -> bool:
-        """A collective: until every rank has entered it, or the timeout (PyTorch's watchdog)."""
-        started = time.monotonic()
+    def collective(self, seq: int, state: dict | None = None, started: float | None = None) -> bool:
+        """A collective: until every rank has entered it, or the timeout (PyTorch's watchdog).
+        ``state``: the answer of an entry already made at ``started`` (in the step's own round trip)."""
+        started = time.monotonic() if started is None else started
         until = started + self.timeout_s
         while True:
-            state = self.world.call("comm_enter", comm=self.comm, rank=self.rank, seq=seq,
-                                    wait_s=max(0.0, until - time.monotonic()))
+            if state is None:
+                state = self.world.call("comm_enter", comm=self.comm, rank=self.rank, seq=seq,
+                                        wait_s=max(0.0, until - time.monotonic()))
             if state["done"]:
                 return True
             if time.monotonic() >= until or state.get("gone"):
                 _watchdog(self.rank, seq, self.timeout_s, started, f"waiting for ranks {state['behind']}")
                 return False
+            state = None
 
 
 def _watchdog(rank: int, seq: int, timeout_s: float, started: float, why: str) -> None:
@@ -150,10 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     world.call("job_event", host=host, rank=args.rank, what="collective")
     print(json.dumps({"event": "collective", "op": "barrier", "rank": args.rank}), flush=True)
     step = 0
+    done = None  # the step just ended, told to the world with the next step's round trip
     while step < args.steps:
-        looked_ns = time.monotonic_ns()
+        # One round trip a step: the last step's end told, this one's cost, and (where it can
+        # run) this rank in its all-reduce, as NCCL's ranks enter it together.
+        looked_ns = time.monotonic_ns()  # the world's clock: a change after this wakes the wait below
+        entered = time.monotonic()
         cost = world.call("job_step", ranks=ranks, rank=args.rank, gradient_bytes=args.gradient_bytes,
-                          compute_time_s=args.compute_time_s, socket_ifname=ifname)
+                          compute_time_s=args.compute_time_s, socket_ifname=ifname, done=done,
+                          comm=peers.comm if peers is not None else None, seq=step + 1, wait_s=timeout_s)
+        done = None
         if cost["failed"]:
             print(f"CUDA error: unspecified launch failure (GPU of {host} is lost, XID 79)", flush=True)
             return 1
@@ -163,17 +172,19 @@ def main(argv: list[str] | None = None) -> int:
             world.call("wait_change", timeout_s=min(1.0, timeout_s), since_ns=looked_ns)
             continue
         stall.since = None
-        if peers is not None and not peers.collective(step + 1):  # every rank in this step's all-reduce
+        if peers is not None and not peers.collective(step + 1, cost["entered"], entered):  # every rank in this all-reduce
             return 1
         time.sleep(cost["step_time_s"])  # the emulated step's compute and communication
         step += 1
         done_ns = time.monotonic_ns()  # the world's clock too (CLOCK_MONOTONIC)
         # What a training script logs about itself; the harness does not take its rate from here.
-        # Printed first: the world's bookkeeping below is the emulator's, and must not delay what
-        # a host sees (every rank ends a step at once, and their calls to the world queue up).
+        # Printed first: the world's bookkeeping (the step's end, ground truth, told with the next
+        # round trip) is the emulator's, and must not delay what a host sees.
         print(json.dumps({"step": step, "step_time_s": round(cost["step_time_s"], 6),
                           "samples_per_s": round(args.batch / cost["step_time_s"], 3)}), flush=True)
-        world.call("job_event", host=host, rank=args.rank, what="step", step=step, t_ns=done_ns)  # ground truth
+        done = {"step": step, "t_ns": done_ns}
+    if done is not None:
+        world.call("job_event", host=host, rank=args.rank, what="step", step=done["step"], t_ns=done["t_ns"])
     return 0
 
 

@@ -163,18 +163,28 @@ class WorldService:
                 "algorithm": cost.algorithm, "corrupt": any(world.corrupts_data(h) for h in ranks)}
 
     def rpc_job_step(self, ranks: list[str], rank: int, gradient_bytes: float, compute_time_s: float,
-                     socket_ifname: str | None = None) -> dict:
+                     socket_ifname: str | None = None, done: dict | None = None, comm: int | None = None,
+                     seq: int | None = None, wait_s: float = 0.0) -> dict:
         """What one data-parallel step costs now: compute, then an all-reduce of the gradients
-        over the fabric the job's NCCL_SOCKET_IFNAME picks (instruments/collectives.py)."""
+        over the fabric the job's NCCL_SOCKET_IFNAME picks (instruments/collectives.py). In the
+        same round trip, as a rank's step goes: ``done`` (``{"step": N, "t_ns": T}``), the step
+        it has just ended, is recorded (as ``job_event`` records it); and with ``comm``, where
+        the step can run, the rank enters its all-reduce ``seq`` and waits (a slice at most) for
+        the others, as ``comm_enter`` (``entered``: its answer)."""
         world = self.world
         host = ranks[rank]
+        if done is not None:
+            self.rpc_job_event(host, rank, "step", step=done["step"], t_ns=done["t_ns"])
         if host in world.hosts and world.host_failed(host):
             return {"failed": True, "step_time_s": None}
-        comm = self.rpc_collective("all_reduce", ranks, int(gradient_bytes), socket_ifname)
-        if comm["time_s"] is None:
-            return {"failed": False, "step_time_s": None, "stalled": comm["stalled"]}
-        return {"failed": False, "step_time_s": world.scaled_ns(compute_time_s) / 1e9 + comm["time_s"],
-                "fabric": comm["fabric"]}
+        cost = self.rpc_collective("all_reduce", ranks, int(gradient_bytes), socket_ifname)
+        if cost["time_s"] is None:
+            return {"failed": False, "step_time_s": None, "stalled": cost["stalled"]}
+        out = {"failed": False, "step_time_s": world.scaled_ns(compute_time_s) / 1e9 + cost["time_s"],
+               "fabric": cost["fabric"]}
+        if comm is not None:
+            out["entered"] = self.rpc_comm_enter(comm, rank, seq, wait_s)
+        return out
 
     def rpc_comm_join(self, key: str, nranks: int, rank: int, pid: int, wait_s: float) -> dict:
         """An emulated rank joins its job's NCCL communicator (instruments/emulators/communicator.py)."""
