@@ -93,7 +93,7 @@ class WorldService:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return {"seq": None}
-                world.changed.wait(remaining)
+                world.physics_changed.wait(remaining)
 
     def rpc_link(self, host: str, nic: str) -> dict:
         """What the host's kernel shows in /sys/class/net/<if>/: carrier, operstate and the
@@ -115,6 +115,11 @@ class WorldService:
         """A host's agent turns a NIC's laser off or on."""
         return self.world.set_transmitter(host, nic, bool(on))
 
+    def rpc_links(self, host: str, nics: list[str]) -> list[dict]:
+        """``link`` for each of a host's NICs, at one instant (what a host reads of all its links)."""
+        with self.world.lock:
+            return [self.rpc_link(host, nic) for nic in nics]
+
     def rpc_wait_link_event(self, host: str, nic: str, carrier: int, timeout_s: float) -> bool:
         """What netlink's RTNLGRP_LINK gives a real host: a wake-up when the link's carrier is no
         longer ``carrier``, as it changes (the world knows when its next change is due). True if
@@ -135,7 +140,7 @@ class WorldService:
                 nxt = world.next_link_change_ns(host, nic, t)
                 if nxt is not None:
                     remaining = min(remaining, max(0.0, (nxt - world.now_ns()) / 1e9) + 5e-5)
-                world.changed.wait(remaining)
+                world.physics_changed.wait(remaining)
 
     def rpc_job_event(self, host: str, rank: int, what: str, step: int | None = None, t_ns: int | None = None) -> int:
         """The emulated job says what it just did ("ready", "step") and when (the same clock);
