@@ -62,7 +62,7 @@ class Agent:
         return self.gpus.wait_xid(timeout_s)
 
     def rpc_links(self) -> list:
-        return [self.links.state(i) for i in self.links.interfaces()]
+        return self.links.states()
 
     def rpc_link(self, interface: str) -> dict:
         return self.links.state(interface)
