@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -336,6 +337,7 @@ class Explorer:
         self.recoveries = 0
         self.steps_taken = 0
         self.paths: dict[str, int] = {}  # the detection and recovery paths the stories took
+        self._pool: ThreadPoolExecutor | None = None  # for the checks' questions asked at once
         self.reset()
 
     # -- the bench's parts ---------------------------------------------------------------------
@@ -709,17 +711,23 @@ class Explorer:
             raise Broken("the job runs at full size", f"ranks {self.ranks} for a job of {self.size}")
         floor = self.bench.limits.light_floor_dbm
         fed = set(live.values())
+        watched = {(host, nic.name): next(iter(self.bench.detectors_for_port(nic.rx_port)), None)
+                   for host in self.ranks for nic in self.bench.host(host).nics if nic.rx_port in fed}
+        # Every host asked at once, every detector read together; judged in order below.
+        asked = self._ask_all({**{(host, "health"): self.session.hosts[host].health for host in self.ranks},
+                               **{(host, "links"): self.session.hosts[host].links for host in self.ranks},
+                               ("light", None): lambda: self.session.received_dbms(
+                                   [d for d in watched.values() if d is not None])})
         for host in self.ranks:
-            agent = self.session.hosts[host]
-            if any(g.get("lost") for g in agent.health()):
+            if any(g.get("lost") for g in self._answer(asked, (host, "health"))):
                 raise Broken("the job runs on healthy GPUs", f"{host}'s GPU is lost and it is in the job {self.ranks}")
-            links = {s["interface"]: s for s in agent.links()}
+            links = {s["interface"]: s for s in self._answer(asked, (host, "links"))}
             for nic in self.bench.host(host).nics:
                 if nic.rx_port not in fed:
                     continue
-                det = next(iter(self.bench.detectors_for_port(nic.rx_port)), None)
+                det = watched[(host, nic.name)]
                 if det is not None:
-                    received = self.session.received_dbm(det)
+                    received = self._answer(asked, ("light", None))[det.name]
                     if not isinstance(received, float) or received < floor:
                         raise Broken("every circuit has light above sensitivity plus margin",
                                      f"{host}.{nic.name} receives {received} ({det.name}), floor {floor:g} dBm")
@@ -729,6 +737,27 @@ class Explorer:
         status = self.session.hosts[self.ranks[0]].job_status()
         if not status.get("running"):
             raise Broken("the job runs", f"not running on {self.ranks}: {status.get('last_lines', [])[-2:]}")
+
+    def _ask_all(self, calls: dict) -> dict:
+        """Each call at once (the bench's hosts and instruments answer in parallel, as they
+        would to a person with several terminals): its result or the exception it raised."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="explorer")
+        futures = {key: self._pool.submit(call) for key, call in calls.items()}
+        out = {}
+        for key, future in futures.items():
+            try:
+                out[key] = future.result()
+            except Exception as exc:  # raised where it is judged, in order
+                out[key] = exc
+        return out
+
+    @staticmethod
+    def _answer(asked: dict, key):
+        value = asked[key]
+        if isinstance(value, Exception):
+            raise value
+        return value
 
     @_check("the run record", "the run record holds every measurement taken")
     def _check_record(self, _live: dict[int, int]) -> None:

@@ -218,6 +218,24 @@ class BenchSession:
         """The light at the receiver behind the detector's port, as the detector reads it."""
         return self.bench.at_receiver_dbm(detector.port, self.detector_dbm(detector))
 
+    def received_dbms(self, detectors: list[Detector]) -> dict[str, "float | OutOfRange"]:
+        """:meth:`received_dbm` of several detectors, by name: the switch's own monitors in one
+        query (as its power-monitor command takes a list of ports), meters' channels each."""
+        switch = self.bench.topology.switch
+        monitors = [d for d in detectors if d.instrument == switch]
+        out: dict[str, float | OutOfRange] = {}
+        if monitors:
+            with self.timeline.span("detector.read", detector=",".join(d.name for d in monitors)):
+                readings = self.switch.port_power_dbm(sorted({d.port for d in monitors}))
+            for d in monitors:
+                reading = readings[d.port]
+                out[d.name] = self.bench.at_receiver_dbm(
+                    d.port, reading + d.tap_loss_db if isinstance(reading, float) else reading)
+        for d in detectors:
+            if d.instrument != switch:
+                out[d.name] = self.received_dbm(d)
+        return out
+
     def restore_baseline(self, *, verify: bool = False) -> None:
         """Back to the baseline cross-connects, as one uninterruptible step; with ``verify``,
         read the switch back and raise if it is not there."""
