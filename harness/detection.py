@@ -139,8 +139,9 @@ class Watchers:
         floor = self.bench.limits.light_floor_dbm
         every = max(0.005, WATCH_WINDOW_S * self.bench.time_scale)
         while not stop.is_set():
+            readings = self.session.received_dbms([det for _, _, det in watched])  # the switch's monitors at once
             for host, nic, det in watched:
-                received = self.session.received_dbm(det)
+                received = readings[det.name]
                 if isinstance(received, float) and received < floor:
                     self._report(Detection(DetectionKind.MARGIN_LOW, host, self.timeline.clock(), 0,
                                            {"nic": nic.name, "received_dbm": round(received, 2), "floor_dbm": floor}),
