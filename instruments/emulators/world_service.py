@@ -149,10 +149,15 @@ class WorldService:
         self.world.record(t, f"job.{what}", host, rank=rank, step=step)
         return t
 
-    def rpc_collective(self, collective: str, ranks: list[str], size_bytes: int, socket_ifname: str | None = None) -> dict:
+    def rpc_collective(self, collective: str, ranks: list[str], size_bytes: int, socket_ifname: str | None = None,
+                       told: list[dict] | None = None, rank: int | None = None, comm: int | None = None,
+                       seq: int | None = None, wait_s: float = 0.0) -> dict:
         """What one collective costs now, on the fabric NCCL_SOCKET_IFNAME picks: the time in
         the world's (scaled) seconds and in physical seconds, or why it cannot complete (a
-        failed peer, no path)."""
+        failed peer, no path). A rank of an emulated job may say in the same round trip what
+        it has done (``told``, see :meth:`_tell`) and, where the collective can run, enter it
+        (``comm``, ``seq``: as ``comm_enter``; ``entered``: its answer)."""
+        self._tell(ranks, rank, told)
         world = self.world
         failed = [h for h in ranks if h in world.hosts and world.host_failed(h)]
         if failed:
@@ -164,22 +169,32 @@ class WorldService:
             return {"time_s": None, "stalled": f"{fabric}: {exc}"}
         # time_s: how long to wait, at the bench's time scale; physical_s: what the collective
         # truly costs on this fabric (what a program reports, at any time scale).
-        return {"time_s": world.scaled_ns(cost.time_s) / 1e9, "physical_s": cost.time_s, "fabric": fabric,
-                "algorithm": cost.algorithm, "corrupt": any(world.corrupts_data(h) for h in ranks)}
+        out = {"time_s": world.scaled_ns(cost.time_s) / 1e9, "physical_s": cost.time_s, "fabric": fabric,
+               "algorithm": cost.algorithm, "corrupt": any(world.corrupts_data(h) for h in ranks)}
+        if comm is not None:
+            out["entered"] = self.rpc_comm_enter(comm, rank, seq, wait_s)
+        return out
+
+    def _tell(self, ranks: list[str], rank: int | None, told: list[dict] | None) -> None:
+        """What a rank of an emulated job has done since it last asked (``{"what": "step",
+        "step": N, "t_ns": T}``, ``{"what": "collective", "t_ns": T}``...), recorded as
+        ``job_event`` records it: told with its next question, so that telling costs the job no
+        round trip of its own (and, as before, never delays what the job prints)."""
+        for event in told or ():
+            self.rpc_job_event(ranks[rank], rank, event["what"], step=event.get("step"), t_ns=event.get("t_ns"))
 
     def rpc_job_step(self, ranks: list[str], rank: int, gradient_bytes: float, compute_time_s: float,
-                     socket_ifname: str | None = None, done: dict | None = None, comm: int | None = None,
+                     socket_ifname: str | None = None, told: list[dict] | None = None, comm: int | None = None,
                      seq: int | None = None, wait_s: float = 0.0) -> dict:
         """What one data-parallel step costs now: compute, then an all-reduce of the gradients
         over the fabric the job's NCCL_SOCKET_IFNAME picks (instruments/collectives.py). In the
-        same round trip, as a rank's step goes: ``done`` (``{"step": N, "t_ns": T}``), the step
-        it has just ended, is recorded (as ``job_event`` records it); and with ``comm``, where
-        the step can run, the rank enters its all-reduce ``seq`` and waits (a slice at most) for
-        the others, as ``comm_enter`` (``entered``: its answer)."""
+        same round trip, as a rank's step goes: what it has done since it last asked (``told``,
+        the previous step's end: the ground truth) is recorded; and with ``comm``, where the
+        step can run, the rank enters its all-reduce ``seq`` and waits (a slice at most) for the
+        others, as ``comm_enter`` (``entered``: its answer)."""
         world = self.world
         host = ranks[rank]
-        if done is not None:
-            self.rpc_job_event(host, rank, "step", step=done["step"], t_ns=done["t_ns"])
+        self._tell(ranks, rank, told)
         if host in world.hosts and world.host_failed(host):
             return {"failed": True, "step_time_s": None}
         cost = self.rpc_collective("all_reduce", ranks, int(gradient_bytes), socket_ifname)
@@ -191,8 +206,12 @@ class WorldService:
             out["entered"] = self.rpc_comm_enter(comm, rank, seq, wait_s)
         return out
 
-    def rpc_comm_join(self, key: str, nranks: int, rank: int, pid: int, wait_s: float) -> dict:
-        """An emulated rank joins its job's NCCL communicator (instruments/emulators/communicator.py)."""
+    def rpc_comm_join(self, key: str, nranks: int, rank: int, pid: int, wait_s: float, ranks: list[str] | None = None,
+                      told: list[dict] | None = None) -> dict:
+        """An emulated rank joins its job's NCCL communicator (instruments/emulators/communicator.py),
+        having said what it has done (``told``, with ``ranks``: its being ready)."""
+        if ranks is not None:
+            self._tell(ranks, rank, told)
         return self.comms.join(key, int(nranks), int(rank), int(pid), float(wait_s))
 
     def rpc_comm_enter(self, comm: int, rank: int, seq: int, wait_s: float) -> dict:
