@@ -21,11 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
+import tomllib
 from io import BytesIO
 from pathlib import Path
 
@@ -38,8 +40,10 @@ PARTS = ("physics_s", "startup_s", "harness_s", "waiting_s")
 
 
 def unpack(revision: str, into: Path) -> Path:
-    """The tree at ``revision`` unpacked under ``into``; returns a folder to put first on
-    PYTHONPATH so that ``lumion_hil`` is that tree (this environment's packages otherwise)."""
+    """The tree at ``revision`` unpacked under ``into``, laid out as its installed package (each
+    folder where its pyproject.toml maps it); returns the folder that holds that package. A run
+    started there imports that tree (its folder comes first on the path: it is the current one),
+    with this environment's packages."""
     try:
         data = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", revision], check=True,
                               capture_output=True).stdout
@@ -49,29 +53,47 @@ def unpack(revision: str, into: Path) -> Path:
     tree.mkdir()
     with tarfile.open(fileobj=BytesIO(data)) as archive:
         archive.extractall(tree, filter="data")
-    shim = into / "path"
-    shim.mkdir()
-    (shim / "lumion_hil").symlink_to(tree, target_is_directory=True)
+    layout = tomllib.loads((tree / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    top = into / "path" / "lumion_hil"
+    top.mkdir(parents=True)
+    for item in (tree / layout["lumion_hil"]).iterdir():
+        (top / item.name).symlink_to(item, target_is_directory=item.is_dir())
+    for package, folder in layout.items():
+        if package != "lumion_hil":
+            (top / package.split(".", 1)[1]).symlink_to(tree / folder, target_is_directory=True)
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree)], check=False, capture_output=True)
-    return shim
+    found = subprocess.run([sys.executable, "-c", "import lumion_hil.harness.exploration as m; print(m.__file__)"],
+                           cwd=top.parent, capture_output=True, text=True).stdout.strip()
+    if not found.startswith(str(top)):
+        raise SystemExit(f"--before {revision}: the unpacked tree is not the one imported ({found!r})")
+    return top.parent
 
 
-def explore(tree: Path, shim: Path | None, profile: str, sequences: int, *extra: str, split: bool = True) -> dict:
+def explore(tree: Path, shim: Path | None, profile: str, sequences: int, *extra: str, split: bool = True,
+            bench: str = "exploration.yaml") -> dict:
     """One ``lumion-hil run`` of the failure-sequence suite; its figures from the run record and,
     with ``split``, the split of its time."""
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp) / "results"
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # as .ci/run
-        env["PYTHONPATH"] = os.pathsep.join([str(shim)] * (shim is not None) + [str(ROOT / "perf")])
+        env["PYTHONPATH"] = str(ROOT / "perf")  # this plug-in, on either tree
         env["LUMION_HIL_LOCK_DIR"] = env.get("LUMION_HIL_LOCK_DIR", str(Path(tmp) / "locks"))
         if split:
             env["LUMION_HIL_SPLIT_OUT"] = str(Path(tmp) / "split")
-        cmd = [sys.executable, "-m", "lumion_hil", "run", "--bench", str(tree / "benches" / "exploration.yaml"),
+        cmd = [sys.executable, "-m", "lumion_hil", "run", "--bench", str(tree / "benches" / bench),
                "--results", str(results), "--no-report", "--explore", profile, "-k", "failure_sequences",
                "--explore-sequences", str(sequences), "--explore-seed", "1", "-q", "-p", "exploration_split", *extra]
-        started = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env=env)
-        wall = time.monotonic() - started
+        for attempt in range(3):
+            started = time.monotonic()
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=shim or ROOT, env=env)
+            wall = time.monotonic() - started
+            if "no tests ran" not in proc.stdout or attempt == 2:
+                break
+            # The bench could not be opened (xdist reports a worker that left before its shard): on a
+            # busy machine, the code before a start-up allowance had its agents miss their first reply.
+            print(f"  ({tree.name}: the bench could not be opened on a worker; run again)", flush=True)
+            shutil.rmtree(results, ignore_errors=True)
+            shutil.rmtree(Path(tmp) / "split", ignore_errors=True)
         if proc.returncode != 0:
             stories = "\n".join(p.read_text() for p in (results / "stories").glob("*.yaml"))
             raise SystemExit(f"{profile} ({tree}): exit {proc.returncode}\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
@@ -130,21 +152,27 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (default 2, as CI)")
     parser.add_argument("--before", default=BEFORE, metavar="REVISION",
                         help=f"the code to compare with (default {BEFORE}); 'none': this tree alone")
+    parser.add_argument("--bench", default="exploration.yaml", metavar="FILE",
+                        help="the bench file under benches/ (default exploration.yaml; netns.yaml: the namespaced "
+                             "bench, as root, at --time-scale 0.05 as CI runs it)")
+    parser.add_argument("--time-scale", type=float, default=None, help="the bench's time scale (default: its own)")
     parser.add_argument("--profiles", action="store_true",
                         help="also the nightly profile over the workers and the bench profile at real time")
     parser.add_argument("--nightly", type=int, default=96, help="sequences for the nightly profile (8 shards)")
-    parser.add_argument("--bench", type=int, default=3, help="sequences for the bench profile (real time)")
+    parser.add_argument("--bench-sequences", type=int, default=3, help="sequences for the bench profile (real time)")
     args = parser.parse_args()
     workers = ["-n", str(args.workers)] if args.workers > 1 else []
+    workers += ["--time-scale", str(args.time_scale)] if args.time_scale else []
     load = os.getloadavg()
-    print(f"Failure sequences on exploration.yaml, ci profile, {args.ci} sequences, seed 1, {args.workers} worker(s); "
+    print(f"Failure sequences on {args.bench}{f' at time scale {args.time_scale:g}' if args.time_scale else ''}, ci profile, {args.ci} sequences, seed 1, {args.workers} worker(s); "
           f"{os.cpu_count()} cores, load average {load[0]:.2f} at the start")
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         if args.before != "none":
             shim = unpack(args.before, Path(tmp))
-            runs.append((f"before ({args.before})", explore(shim / "lumion_hil", shim, "ci", args.ci, *workers)))
-        runs.append(("this tree", explore(ROOT, None, "ci", args.ci, *workers)))
+            runs.append((f"before ({args.before})", explore(Path(tmp) / "tree", shim, "ci", args.ci, *workers,
+                                                            bench=args.bench)))
+        runs.append(("this tree", explore(ROOT, None, "ci", args.ci, *workers, bench=args.bench)))
     print(f"  {'':22s} {'sequences':>9s} {'wall s':>8s} {'per min':>8s} {'recoveries':>10s} {'steps each':>10s}  "
           "physics floor: s, per min, run / floor, shards / floor")
     for name, r in runs:
@@ -158,9 +186,9 @@ def main() -> None:
     for name, r in runs:
         print_split(name, r)
     print(f"load average {os.getloadavg()[0]:.2f} at the end (other work on the machine slows both sides)")
-    if args.profiles:
+    if args.profiles and args.bench == "exploration.yaml":
         more = [(f"nightly (-n {args.workers})", explore(ROOT, None, "nightly", args.nightly, *workers, split=False)),
-                ("bench (real time)", explore(ROOT, None, "bench", args.bench, "--time-scale", "1", split=False))]
+                ("bench (real time)", explore(ROOT, None, "bench", args.bench_sequences, "--time-scale", "1", split=False))]
         for name, r in more:
             print(f"  {name:20s} {r['sequences']:5.0f} sequences in {r['wall_s']:6.1f} s: {r['per_min']:6.1f} per "
                   f"minute, {r['mean_steps']:.1f} steps each, {r['recoveries_per_min']:6.1f} recoveries per minute")

@@ -74,7 +74,11 @@ class _Split:
                 state, since = world.link_state(owner[0].name, owner[1].name, t1)
                 if state == "up" and since > c.lit_ns:
                     spans.append((c.lit_ns, since))
-        startup_ns = world.scaled_ns(self.explorer.bench.job.startup_time_s)
+        # The emulated job sleeps its scaled start-up before it says it is ready; the namespaced
+        # bench's ring job (real processes, real sockets) has none: its whole start is start-up.
+        backend = self.explorer.session.backend
+        real = getattr(backend, "real_traffic", False)
+        startup_ns = 0 if real else world.scaled_ns(self.explorer.bench.job.startup_time_s)
         ready = {}  # host -> when its rank said ready (the last time, in this span)
         for e in events:
             if e.kind == "job.ready":
@@ -88,11 +92,11 @@ class _Split:
                 spans.append((e.t_ns - self.step_ns(world, e.t_ns), e.t_ns))
                 if e.detail.get("step") == 1:
                     before = [t for t in readies if since < t <= e.t_ns]
-                    if before:
+                    if before and startup_ns:
                         spans.append((before[-1] - startup_ns, before[-1]))
                     since = e.t_ns
         after = [t for t in readies if t > since]
-        if after:  # a start that never stepped (a rank lost as it started): its start-up all the same
+        if after and startup_ns:  # a start that never stepped (a rank lost as it started): its start-up all the same
             spans.append((after[-1] - startup_ns, after[-1]))
         if ready:
             for host in ready:
