@@ -40,8 +40,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--starts", type=int, default=100, help="starts of each kind")
     args = parser.parse_args()
-    forks = ForkServer(EMULATED_JOBS, preload=(JOB,)).start()
-    start(forks.popen)  # the server up and the module imported
+    forks = ForkServer(EMULATED_JOBS).start(preload=(JOB,))
+    if not forks.ready(30):
+        raise SystemExit("the fork server did not start")
     walls: dict[str, list[float]] = {"forked": [], "fresh": []}
     cpu = {"forked": 0.0, "fresh": 0.0}
     for _ in range(args.starts):

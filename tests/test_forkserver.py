@@ -48,7 +48,8 @@ def modules(tmp_path, monkeypatch):
 
 @pytest.fixture
 def server(modules):
-    forks = ForkServer(("fs_prog",), preload=("fs_prog",)).start()
+    forks = ForkServer(("fs_prog",)).start(preload=("fs_prog",))
+    assert forks.ready(10)
     yield forks
     forks.close()
 
@@ -93,6 +94,26 @@ def test_ranks_are_forked_from_what_the_server_imported_once(server, modules):
     assert modules.read_text().splitlines() == ["imported"], "imported by the server alone, not by each rank"
     fresh = subprocess.run(_argv(), capture_output=True, env=dict(os.environ))
     assert fresh.returncode == 0 and modules.read_text().splitlines() == ["imported"] * 2
+
+
+def test_the_first_rank_starts_fresh_and_starts_the_server_for_the_next(modules):
+    forks = ForkServer(("fs_prog",))
+    try:
+        first = forks.popen(_argv(), dict(os.environ))
+        assert isinstance(first, subprocess.Popen), "no server yet: the rank does not wait for one"
+        assert _run(first)[1] == 0
+        assert forks.ready(10), "the first rank started the server"
+        later = forks.popen(_argv(), dict(os.environ))
+        assert isinstance(later, ForkedProcess) and _run(later)[1] == 0
+        assert modules.read_text().splitlines() == ["imported"] * 2, "the fresh rank, then the server once"
+    finally:
+        forks.close()
+
+
+def test_an_agent_that_starts_no_rank_starts_no_server(modules):
+    forks = ForkServer(("fs_prog",))
+    assert forks.popen([sys.executable, "-c", "pass"], dict(os.environ)).wait(10) == 0
+    assert forks._proc is None and not forks.ready(0)
 
 
 def test_what_the_server_does_not_fork_is_started_fresh(server):

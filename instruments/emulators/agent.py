@@ -35,9 +35,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--links", choices=("world", "sysfs"), default="world",
                         help="where link state comes from: the world's model (default), or this host's own "
                              "/sys/class/net and netlink, as on a real host (the namespaced bench)")
-    parser.add_argument("--preload", action="append", default=[], metavar="MODULE",
-                        help="a job module this host's ranks will run (" + ", ".join(EMULATED_JOBS) + "): imported "
-                             "once as the agent starts, so that its ranks start forked from it at once")
     parser.add_argument("--fault", action="append", default=[], metavar="NAME[=VALUE]",
                         help="start with this fault on (" + ", ".join(AGENT_FAULTS) + ")")
     args = parser.parse_args(argv)
@@ -60,10 +57,7 @@ def main(argv: list[str] | None = None) -> None:
              else WorldLinks(world, args.host, interfaces, clock_ns, args.notify_latency_s))
     # The emulated jobs' ranks are forked from a server that has imported them once: a restart
     # costs a fork, not an interpreter's start-up (forkserver.py).
-    unknown = [m for m in args.preload if m not in EMULATED_JOBS]
-    if unknown:
-        parser.error(f"--preload {unknown[0]}: not one of the emulated jobs ({', '.join(EMULATED_JOBS)})")
-    forks = ForkServer(EMULATED_JOBS, preload=tuple(args.preload)).start()
+    forks = ForkServer(EMULATED_JOBS)
     Agent(NvmlGpus(FakeNvml(world, args.host), clock_ns), links,
           JobControl(args.log_dir, clock_ns, offset, read_latency_s=args.notify_latency_s, popen=forks.popen),
           clock_ns, "emulated", faults).serve()

@@ -257,8 +257,7 @@ def agent_argv(world_address: str, host, *extra: str) -> list[str]:
     latency = ["--notify-latency-s", str(host.emulation.agent_latency_s)] if host.emulation.agent_latency_s else []
     faults = [f"--fault={fault}" for fault in host.emulation.faults]
     return [sys.executable, "-m", "lumion_hil.instruments.emulators.agent", "--world", world_address,
-            "--host", host.name, "--interfaces", interfaces, "--preload", "lumion_hil.instruments.emulators.job",
-            *latency, *faults, *extra]
+            "--host", host.name, "--interfaces", interfaces, *latency, *faults, *extra]
 
 
 def nccl_tests_folder(world_address: str) -> Path:

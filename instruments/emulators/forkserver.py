@@ -94,33 +94,40 @@ class ForkedProcess:
 
 
 class ForkServer:
-    """The agent's side: start the server, then :meth:`spawn` (or :meth:`popen`, which falls
-    back to a fresh process for what the server does not fork)."""
+    """The agent's side. :meth:`popen` starts a rank: forked once the server is up and has
+    imported the rank's module, else (the first rank, or one the server does not fork) as a
+    fresh process, as before; the first rank of a module it forks starts the server, which
+    imports that module meanwhile. A start never waits for the server, and an agent that never
+    starts a rank never starts one."""
 
-    def __init__(self, modules: tuple[str, ...], preload: tuple[str, ...] = ()):
+    def __init__(self, modules: tuple[str, ...]):
         self.modules = tuple(modules)
-        self.preload = tuple(preload)  # imported as the server starts, before the first rank is asked for
         self._lock = threading.Lock()  # one spawn at a time: its reply is the next non-exit message
         self._reply: list = []
         self._replied = threading.Condition()
         self._procs: dict[int, ForkedProcess] = {}
         self._early: dict[int, int] = {}  # exits read before the spawn that made them had returned
+        self._ready = threading.Event()  # the server is up, its modules imported
         self._gone = False
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen | None = None
 
-    def start(self) -> "ForkServer":
-        """Start the server's process (else the first rank asked for starts it)."""
+    def start(self, preload: tuple[str, ...] = ()) -> "ForkServer":
+        """Start the server's process (if it is not), importing ``preload`` first."""
         with self._lock:
             if self._sock is None:
-                self._start()
+                self._start(preload)
         return self
 
-    def _start(self) -> None:
+    def ready(self, timeout_s: float) -> bool:
+        """Until the server is up and has imported what it was started with."""
+        return self._ready.wait(timeout_s)
+
+    def _start(self, preload: tuple[str, ...]) -> None:
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        preload = [arg for module in self.preload for arg in ("--preload", module)]
+        modules = [arg for module in preload for arg in ("--preload", module)]
         # (its stdout is not the agent's: that is the agent's line to the harness)
-        self._proc = subprocess.Popen([sys.executable, "-m", __name__, "--fd", str(theirs.fileno()), *preload],
+        self._proc = subprocess.Popen([sys.executable, "-m", __name__, "--fd", str(theirs.fileno()), *modules],
                                       pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         theirs.close()
         threading.Thread(target=self._read, args=(self._sock,), daemon=True, name="fork-server").start()
@@ -131,13 +138,17 @@ class ForkServer:
                 and os.path.realpath(argv[0]) == os.path.realpath(sys.executable))
 
     def popen(self, argv: list[str], env: dict, cwd: str | None = None):
-        """Start ``argv`` as a rank: forked where this server can, else a fresh process; both
-        in a session of their own, output on one pipe."""
+        """Start ``argv`` as a rank: forked where this server can and is ready, else a fresh
+        process (starting the server for the next ones); both in a session of their own, output
+        on one pipe."""
         if self.forks(argv):
-            try:
-                return self.spawn(argv, env, cwd)
-            except OSError:
-                pass  # the server is gone: start it the ordinary way
+            if self._ready.is_set():
+                try:
+                    return self.spawn(argv, env, cwd)
+                except OSError:
+                    pass  # the server is gone: start it the ordinary way
+            else:
+                self.start(preload=(argv[2],))
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 env=env, cwd=cwd, start_new_session=True)
 
@@ -146,7 +157,7 @@ class ForkServer:
         try:
             with self._lock:
                 if self._sock is None:
-                    self._start()
+                    raise BrokenPipeError("the fork server was not started")
                 _send(self._sock, {"argv": argv, "env": env, "cwd": cwd or os.getcwd()}, (write,))
                 os.close(write)
                 write = -1
@@ -195,7 +206,11 @@ class ForkServer:
                 with self._replied:
                     self._gone = True
                     self._replied.notify_all()
+                self._ready.clear()
                 return
+            if "ready" in message:
+                self._ready.set()
+                continue
             if "exited" in message:
                 with self._replied:
                     proc = self._procs.pop(message["exited"], None)
@@ -294,6 +309,7 @@ def serve(fd: int, preload: list[str] = ()) -> None:
             importlib.import_module(module)
         except Exception:
             pass  # its ranks, asked for, will say why
+    _send(sock, {"ready": True})
     selector = selectors.DefaultSelector()
     selector.register(sock, selectors.EVENT_READ)
     children: dict[int, int] = {}  # pidfd -> pid, while it runs

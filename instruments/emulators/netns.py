@@ -140,7 +140,7 @@ class NetnsBench(EmulatedBench):
         faults = [f"--fault={fault}" for fault in host.emulation.faults]
         remote = [sys.executable, "-m", "lumion_hil.instruments.emulators.agent", "--world", self.world_service.address,
                   "--host", host.name, "--links", "sysfs", "--log-dir", str(self.run_dir / "jobs" / host.name),
-                  "--preload", "lumion_hil.instruments.emulators.ring_job", *faults, *extra]
+                  *faults, *extra]
         return self.keys.ssh_argv(self.destination(host.name)) + [shlex.join(remote)]
 
     def job_kind(self, job) -> str:
