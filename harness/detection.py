@@ -42,8 +42,7 @@ class Watchers:
         connected_rx = set(circuits.values())
         for host_name in ranks:
             agent = self.session.hosts[host_name]
-            self._drain_xids(agent, host_name)
-            self._watch(self._watch_xid, agent, host_name)
+            self._watch(self._watch_xid, agent, host_name)  # (its XIDs from before drained first, there)
             self._watch(self._watch_job, agent, host_name)
             for nic in self.bench.host(host_name).nics:
                 if nic.rx_port in connected_rx:
@@ -97,9 +96,11 @@ class Watchers:
         self._detected.append(detection)
         self._found.set()
 
-    def _drain_xids(self, agent, host: str) -> None:
+    def _drain_xids(self, stop, agent, host: str) -> None:
         """NVML keeps events until someone waits for them: an XID from before arming (a GPU that
-        has since been replaced, say) is history, unless the GPU is lost now."""
+        has since been replaced, say) is history, unless the GPU is lost now. Drained in the
+        host's XID watcher, the hosts at once: a fault made meanwhile is no history (its XID is
+        the last, and its GPU is lost), so it is reported, with its own instant."""
         stale = None
         for _ in range(1000):
             event = agent.wait_xid(0)
@@ -107,9 +108,10 @@ class Watchers:
                 break
             stale = event if event.get("xid") in FATAL_XIDS else stale
         if stale is not None and host_lost(self.session, host):
-            self._report(Detection(DetectionKind.XID, host, stale["t_ns"], stale["uncertainty_ns"], stale), self._stop)
+            self._report(Detection(DetectionKind.XID, host, stale["t_ns"], stale["uncertainty_ns"], stale), stop)
 
     def _watch_xid(self, stop, agent, host: str) -> None:
+        self._drain_xids(stop, agent, host)
         while not stop.is_set():
             event = agent.wait_xid(WATCH_WINDOW_S)
             if event is not None and event.get("xid") in FATAL_XIDS:
