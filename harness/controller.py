@@ -47,6 +47,7 @@ from lumion_hil.harness.recovery_model import (
     PHASES, Detection, Phase, Plan, RecoveryController, RecoveryError, RecoveryResult, Status, load_controller,
 )
 from lumion_hil.harness.spares import SparePolicy, SparePool
+from lumion_hil.harness.workers import WORKERS
 from lumion_hil.instruments.protocols import InstrumentError
 
 __all__ = ["PHASES", "Detection", "Phase", "Plan", "RecoveryController", "RecoveryError", "RecoveryResult",
@@ -253,16 +254,14 @@ class ReferenceController(RecoveryController):
             except Exception as exc:  # raised by the restart, which needs it stopped
                 done["error"] = exc
 
-        thread = threading.Thread(target=stop, daemon=True, name="stop-job")
-        thread.start()
-        self._stopping = (thread, done)
+        self._stopping = (WORKERS.submit(stop), done)
 
     def _restart(self, ranks: list[str]) -> None:
         """The job, stopped everywhere, started again on the new rank map."""
         stopping, self._stopping = self._stopping, None
         if stopping is not None:
-            thread, done = stopping
-            thread.join()
+            stopped, done = stopping
+            stopped.result()
             if "error" in done:
                 raise done["error"]
         else:
@@ -293,10 +292,9 @@ class ReferenceController(RecoveryController):
                     done.set()
                     return
 
-        threads = [threading.Thread(target=lead, daemon=True)]
-        threads += [threading.Thread(target=follower, args=(h,), daemon=True) for h in ranks[1:]]
-        for t in threads:
-            t.start()
+        WORKERS.submit(lead)
+        for host in ranks[1:]:
+            WORKERS.submit(follower, host)
         done.wait(timeout_s + self.bench.waits.opc_s)
         if "lead" in outcome and outcome["lead"].get("reached"):
             return outcome["lead"]
@@ -352,11 +350,8 @@ class ReferenceController(RecoveryController):
             except InstrumentError as exc:
                 results[(host, interface)] = {"timed_out": True, "error": str(exc)}
 
-        threads = [threading.Thread(target=wait, args=w) for w in waits]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        for waited in [WORKERS.submit(wait, *w) for w in waits]:
+            waited.result()
         down = [f"{h}.{i}" for (h, i), r in results.items() if r.get("timed_out")]
         if down:
             raise RecoveryError(f"link(s) {down} did not come up within {deadline_s:g} s")

@@ -9,6 +9,7 @@ import threading
 
 from lumion_hil.harness.recovery_model import Detection, DetectionKind
 from lumion_hil.harness.spares import host_lost
+from lumion_hil.harness.workers import WORKERS
 from lumion_hil.instruments.protocols import InstrumentError
 
 WATCH_WINDOW_S = 0.25  # how long each watcher's event wait lasts before it checks for disarm
@@ -29,7 +30,7 @@ class Watchers:
         self._detected: list[Detection] = []
         self._found = threading.Event()
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._threads: list = []  # the watchers' futures (harness/workers.py)
 
     def arm(self, ranks: list[str], circuits: dict[int, int]) -> None:
         """Watch the job on ``ranks``, running on ``circuits`` (ingress -> egress)."""
@@ -63,15 +64,13 @@ class Watchers:
         """Stop watching. The watchers end after their current wait (at most a watch window);
         nothing waits for them here."""
         self._stop.set()
-        self._threads = [t for t in self._threads if t.is_alive()]
+        self._threads = [t for t in self._threads if not t.done()]
 
     # -- the watchers ----------------------------------------------------------------------------
 
     def _watch(self, target, agent, host: str | None, *args) -> None:
         """Run ``target(stop, agent, host, *args)`` in a thread of its own until it reports."""
-        thread = threading.Thread(target=self._guarded, args=(target, self._stop, agent, host, *args), daemon=True)
-        thread.start()
-        self._threads.append(thread)
+        self._threads.append(WORKERS.submit(self._guarded, target, self._stop, agent, host, *args))
 
     def _guarded(self, target, stop: threading.Event, agent, host: str | None, *args) -> None:
         while not stop.is_set():

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -34,6 +33,7 @@ from lumion_hil.harness.faults import Fault, FaultNotPossible, Injector
 from lumion_hil.instruments import transcript
 from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.recovery import NotRestarted, rank_map, recover_from
+from lumion_hil.harness.workers import at_once
 from lumion_hil.instruments.backend import NIC_FAULTS, FaultKind
 
 # Faults that take a host out of the job (a process killed restarts it in place).
@@ -337,7 +337,6 @@ class Explorer:
         self.recoveries = 0
         self.steps_taken = 0
         self.paths: dict[str, int] = {}  # the detection and recovery paths the stories took
-        self._pool: ThreadPoolExecutor | None = None  # for the checks' questions asked at once
         self.reset()
 
     # -- the bench's parts ---------------------------------------------------------------------
@@ -714,7 +713,7 @@ class Explorer:
         watched = {(host, nic.name): next(iter(self.bench.detectors_for_port(nic.rx_port)), None)
                    for host in self.ranks for nic in self.bench.host(host).nics if nic.rx_port in fed}
         # Every host asked at once, every detector read together; judged in order below.
-        asked = self._ask_all({**{(host, "health"): self.session.hosts[host].health for host in self.ranks},
+        asked = at_once({**{(host, "health"): self.session.hosts[host].health for host in self.ranks},
                                **{(host, "links"): self.session.hosts[host].links for host in self.ranks},
                                ("light", None): lambda: self.session.received_dbms(
                                    [d for d in watched.values() if d is not None])})
@@ -737,20 +736,6 @@ class Explorer:
         status = self.session.hosts[self.ranks[0]].job_status()
         if not status.get("running"):
             raise Broken("the job runs", f"not running on {self.ranks}: {status.get('last_lines', [])[-2:]}")
-
-    def _ask_all(self, calls: dict) -> dict:
-        """Each call at once (the bench's hosts and instruments answer in parallel, as they
-        would to a person with several terminals): its result or the exception it raised."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="explorer")
-        futures = {key: self._pool.submit(call) for key, call in calls.items()}
-        out = {}
-        for key, future in futures.items():
-            try:
-                out[key] = future.result()
-            except Exception as exc:  # raised where it is judged, in order
-                out[key] = exc
-        return out
 
     @staticmethod
     def _answer(asked: dict, key):
