@@ -41,9 +41,13 @@ class Watchers:
         self._found.clear()
         self._detected.clear()
         connected_rx = set(circuits.values())
+        # Each host's XIDs from before drained first, the hosts at once: arming ends before the
+        # fault is made, so that its XID is news to the watchers, as it always was.
+        for drained in [WORKERS.submit(self._drain_xids, self._stop, self.session.hosts[h], h) for h in ranks]:
+            drained.result()
         for host_name in ranks:
             agent = self.session.hosts[host_name]
-            self._watch(self._watch_xid, agent, host_name)  # (its XIDs from before drained first, there)
+            self._watch(self._watch_xid, agent, host_name)
             self._watch(self._watch_job, agent, host_name)
             for nic in self.bench.host(host_name).nics:
                 if nic.rx_port in connected_rx:
@@ -97,9 +101,7 @@ class Watchers:
 
     def _drain_xids(self, stop, agent, host: str) -> None:
         """NVML keeps events until someone waits for them: an XID from before arming (a GPU that
-        has since been replaced, say) is history, unless the GPU is lost now. Drained in the
-        host's XID watcher, the hosts at once: a fault made meanwhile is no history (its XID is
-        the last, and its GPU is lost), so it is reported, with its own instant."""
+        has since been replaced, say) is history, unless the GPU is lost now."""
         stale = None
         for _ in range(1000):
             event = agent.wait_xid(0)
@@ -110,7 +112,6 @@ class Watchers:
             self._report(Detection(DetectionKind.XID, host, stale["t_ns"], stale["uncertainty_ns"], stale), stop)
 
     def _watch_xid(self, stop, agent, host: str) -> None:
-        self._drain_xids(stop, agent, host)
         while not stop.is_set():
             event = agent.wait_xid(WATCH_WINDOW_S)
             if event is not None and event.get("xid") in FATAL_XIDS:
