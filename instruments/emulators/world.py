@@ -681,20 +681,20 @@ class World:
             return list(out)
 
     def carrier_counters(self, host: str, nic: str, t_ns: int | None = None) -> dict[str, int]:
-        t = self.now_ns() if t_ns is None else t_ns
         spec, _ = self._nic(host, nic)
         with self.lock:
+            t = self.now_ns() if t_ns is None else t_ns  # (under the lock: see optical_fabric)
             # Kept while the light at the receiver is as it was and no change is due: a host
             # reads its counters with every look at its links.
             version = self._version_of(spec.rx_port)
             cached = self._counters.get((host, nic))
-            if cached is not None and cached[0] == version and cached[1] <= t < cached[2]:
+            if t_ns is None and cached is not None and cached[0] == version and cached[1] <= t < cached[2]:
                 return dict(cached[3])
             states = [s for _, s in self.link_transitions(host, nic, t)]
             ups = sum(1 for a, b in zip(["dark"] + states, states) if b == "up" and a != "up")
             downs = sum(1 for a, b in zip(states, states[1:]) if a == "up" and b != "up")
             counters = {"carrier_up_count": ups, "carrier_down_count": downs, "carrier_changes": ups + downs}
-            if t_ns is None or t <= self.now_ns():
+            if t_ns is None:
                 upcoming = self.next_link_change_ns(host, nic, t)
                 self._counters[(host, nic)] = (version, t, 2**63 if upcoming is None else upcoming, counters)
             return dict(counters)
@@ -725,10 +725,12 @@ class World:
         to the second's receivers whose receiving link is up, their rates added (NCCL spreads
         over several NICs). Kept until the light changes or the next instant one of those
         links, or a beam still settling, is due to change (every step of a job asks for it)."""
-        t = self.now_ns() if t_ns is None else t_ns
         with self.lock:
+            # "Now" read under the lock: a command that got the lock first is in the past of it
+            # (read before, the fabric of an instant before a change would be kept after it).
+            t = self.now_ns() if t_ns is None else t_ns
             cached = self._fabric_cache
-            if cached is not None and cached[0] == self._light_version and cached[1] <= t < cached[2]:
+            if t_ns is None and cached is not None and cached[0] == self._light_version and cached[1] <= t < cached[2]:
                 return cached[3]
             latency = self.bench.collectives.optical_hop_latency_us.value
             links: dict = {}
@@ -749,7 +751,8 @@ class World:
                 old = links.get(("optical", a, b))
                 links[("optical", a, b)] = Link((old.capacity_gbps if old else 0.0) + rate, latency)
             fabric = Fabric(links, lambda x, y: (("optical", x, y),) if ("optical", x, y) in links else None)
-            self._fabric_cache = (self._light_version, t, until, fabric)
+            if t_ns is None:  # (an instant asked about is worked out, never kept)
+                self._fabric_cache = (self._light_version, t, until, fabric)
             return fabric
 
     def electrical_fabric(self, ranks: list[str]) -> Fabric:
