@@ -61,12 +61,13 @@ class Profile:
 
 
 PROFILES = {
-    "ci": "hundreds of sequences at the bench's time scale, in 2 shards (-n 2: both cores): every night's CI run",
+    "ci": "a thousand sequences at the bench's time scale (or as many as the bench file says), in 2 shards (-n 2: "
+          "both cores): every night's CI run",
     "nightly": "thousands, in 8 shards to spread over pytest-xdist workers (-n auto)",
     "bench": "a few at the bench's own speed (real time on a real bench): the default",
 }
 # sequences, most steps in one, shards
-_SIZES = {"ci": (200, 8, 2), "nightly": (4000, 12, 8), "bench": (5, 4, 1)}
+_SIZES = {"ci": (1000, 8, 2), "nightly": (4000, 12, 8), "bench": (5, 4, 1)}
 
 
 def shards(name: str | None) -> int:
@@ -99,10 +100,14 @@ def shards_of_part(name: str | None, part: str | None) -> list[int]:
     return [i for i in range(count) if i % n == k - 1]
 
 
-def profile(name: str, seed: int, examples_dir: Path, sequences: int | None = None) -> Profile:
+def profile(name: str, seed: int, examples_dir: Path, sequences: int | None = None, bench=None) -> Profile:
+    """Profile ``name``: ``sequences`` if given, else as many as the bench file says for it
+    (``emulator.explore``), else the profile's own."""
     if name not in PROFILES:
         raise ValueError(f"unknown exploration profile {name!r}; known: {', '.join(PROFILES)}")
     count, max_steps, pieces = _SIZES[name]
+    if not sequences and bench is not None:
+        sequences = bench.emulator.explore.get(name)
     return Profile(name, sequences or count, max_steps, pieces, seed, examples_dir)
 
 
