@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from conftest import BENCHES, ROOT, serve_bench
-from lumion_hil.harness.exploration import Step, Story
+from lumion_hil.harness.exploration import Step, Story, profile
 
 SUITE = ROOT / "test_suites" / "test_failure_sequences.py"
 
@@ -139,3 +139,13 @@ def test_stories_that_once_broke_a_promise_keep_it_now(path):
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "every promise kept" in proc.stdout
+
+
+def test_a_bench_file_may_tell_fewer_stories_in_a_profile(tmp_path):
+    from lumion_hil.harness.config import load_bench
+
+    netns, exploration = load_bench(BENCHES / "netns.yaml"), load_bench(BENCHES / "exploration.yaml")
+    assert profile("ci", 1, tmp_path, bench=exploration).sequences == 1000, "the profile's own"
+    assert profile("ci", 1, tmp_path, bench=netns).sequences == 200, "the namespaced bench's emulator.explore"
+    assert profile("nightly", 1, tmp_path, bench=netns).sequences == 4000, "a profile it does not name"
+    assert profile("ci", 1, tmp_path, 40, bench=netns).sequences == 40, "--explore-sequences over both"
