@@ -47,7 +47,7 @@ from lumion_hil.harness.recovery_model import (
     PHASES, Detection, Phase, Plan, RecoveryController, RecoveryError, RecoveryResult, Status, load_controller,
 )
 from lumion_hil.harness.spares import SparePolicy, SparePool
-from lumion_hil.harness.workers import WORKERS
+from lumion_hil.instruments.threads import WORKERS
 from lumion_hil.instruments.protocols import InstrumentError
 
 __all__ = ["PHASES", "Detection", "Phase", "Plan", "RecoveryController", "RecoveryError", "RecoveryResult",

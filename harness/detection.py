@@ -9,7 +9,7 @@ import threading
 
 from lumion_hil.harness.recovery_model import Detection, DetectionKind
 from lumion_hil.harness.spares import host_lost
-from lumion_hil.harness.workers import WORKERS
+from lumion_hil.instruments.threads import WORKERS
 from lumion_hil.instruments.protocols import InstrumentError
 
 WATCH_WINDOW_S = 0.25  # how long each watcher's event wait lasts before it checks for disarm

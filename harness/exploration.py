@@ -33,7 +33,7 @@ from lumion_hil.harness.faults import Fault, FaultNotPossible, Injector
 from lumion_hil.instruments import transcript
 from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.recovery import NotRestarted, rank_map, recover_from
-from lumion_hil.harness.workers import at_once
+from lumion_hil.instruments.threads import at_once
 from lumion_hil.instruments.backend import NIC_FAULTS, FaultKind
 
 # Faults that take a host out of the job (a process killed restarts it in place).

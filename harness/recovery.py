@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from lumion_hil.harness.recovery_model import PHASES, RecoveryResult
-from lumion_hil.harness.workers import at_once
+from lumion_hil.instruments.threads import at_once
 from lumion_hil.instruments.backend import FaultKind
 
 

@@ -18,7 +18,7 @@ from lumion_hil.harness.lock import BenchLock
 from lumion_hil.harness.places import PLACE_ENV, wanted_from_place
 from lumion_hil.harness.safety import GuardedSwitch
 from lumion_hil.harness.timeline import Timeline
-from lumion_hil.harness.workers import at_once
+from lumion_hil.instruments.threads import at_once
 from lumion_hil.instruments.backend import BenchBackend
 from lumion_hil.instruments.gpu_host.client import AgentClient, local_agent_argv, ssh_agent_argv
 from lumion_hil.instruments.protocols import OutOfRange

@@ -1,11 +1,10 @@
-"""Threads for the harness's waits, kept between uses.
-
-A recovery starts some forty short waits at once (a watcher per XID, link and job of every rank,
-the job stopped on every host, each rank's start, its first step, each new link): a thread
-started for each costs a start and a handshake with the new thread, a millisecond each on a busy
-machine. Here a wait runs on a thread kept from an earlier one, or on a new one where none is
-free; the threads are daemons, as the ones they replace, so that a wait on a host that never
-answers does not hold the process at its exit."""
+"""Threads kept between uses, for short waits started many at a time: the harness's (a recovery
+starts some forty at once: a watcher per XID, link and job of every rank, the job stopped on
+every host, each rank's start, its first step, each new link) and a host agent's (a thread per
+request). A thread started for each costs a start and a handshake with the new thread, a
+millisecond each on a busy machine. Here a call runs on a thread kept from an earlier one, or on
+a new one where none is free; the threads are daemons, as the ones they replace, so that a wait
+on a host that never answers does not hold the process at its exit."""
 
 from __future__ import annotations
 
@@ -48,7 +47,7 @@ class Workers:
                 self._idle += 1
 
 
-WORKERS = Workers("harness")
+WORKERS = Workers("worker")
 
 
 def at_once(calls: dict) -> dict:
