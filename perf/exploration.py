@@ -87,11 +87,15 @@ def explore(tree: Path, shim: Path | None, profile: str, sequences: int, *extra:
             started = time.monotonic()
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=shim or ROOT, env=env)
             wall = time.monotonic() - started
-            if "no tests ran" not in proc.stdout or attempt == 2:
+            if proc.returncode == 0 or attempt == 2:
                 break
-            # The bench could not be opened (xdist reports a worker that left before its shard): on a
-            # busy machine, the code before a start-up allowance had its agents miss their first reply.
-            print(f"  ({tree.name}: the bench could not be opened on a worker; run again)", flush=True)
+            # A run that broke is not a speed: say why, and run it again. On a busy machine the code
+            # before the start-up allowance had its agents miss their first reply (no tests ran), and
+            # a story at a fiftieth of real time can miss a deadline the load, not the code, missed.
+            broke = [line.strip() for p in (results / "stories").glob("*.yaml") for line in p.read_text().splitlines()
+                     if line.startswith("broke:")]
+            why = broke[0][:160] if broke else "no tests ran" if "no tests ran" in proc.stdout else f"exit {proc.returncode}"
+            print(f"  ({'before' if shim else 'this tree'}: the run broke ({why}); run again)", flush=True)
             shutil.rmtree(results, ignore_errors=True)
             shutil.rmtree(Path(tmp) / "split", ignore_errors=True)
         if proc.returncode != 0:
