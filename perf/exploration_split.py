@@ -27,19 +27,9 @@ from pathlib import Path
 import pytest
 
 from lumion_hil.harness import exploration as _exploration
+from lumion_hil.harness.recovery import _covered_ns as _union_ns  # how much of [lo, hi] spans cover, once
 
 _OUT = os.environ.get("LUMION_HIL_SPLIT_OUT")
-
-
-def _union_ns(spans: list[tuple[int, int]], lo: int, hi: int) -> int:
-    """How much of [lo, hi] the spans cover, overlaps counted once."""
-    clipped = sorted((max(a, lo), min(b, hi)) for a, b in spans if b > lo and a < hi)
-    covered, reach = 0, lo
-    for a, b in clipped:
-        if b > reach:
-            covered += b - max(a, reach)
-            reach = b
-    return covered
 
 
 class _Split:
