@@ -196,6 +196,7 @@ class World:
         self._fabric_cache: tuple | None = None
         self._counters: dict[tuple[str, str], tuple] = {}  # (host, nic) -> (version, from, until, counters)
         self._costs: dict[tuple, tuple] = {}  # the last collectives' costs, by fabric and what was asked
+        self._next_change: tuple | None = None  # (light version, from, until, the next change the world makes)
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -791,9 +792,18 @@ class World:
     def next_change_ns(self, t_ns: int | None = None) -> int | None:
         """The next instant the world changes on its own, with no command: a beam settling, a
         link locking, coming up or flapping."""
-        t = self.now_ns() if t_ns is None else t_ns
-        instants = [self.next_link_change_ns(h.name, n.name, t) for h, n in self.bench.nic_ports()]
-        return min((x for x in instants if x is not None), default=None)
+        with self.lock:
+            t = self.now_ns() if t_ns is None else t_ns
+            # Kept while the light is as it was: from the instant it was worked out until the
+            # change it found, nothing else happens on its own (every stalled rank asks it).
+            kept = self._next_change
+            if kept is not None and kept[0] == self._light_version and kept[1] <= t < kept[2]:
+                return kept[3]
+            instants = [self.next_link_change_ns(h.name, n.name, t) for h, n in self.bench.nic_ports()]
+            nxt = min((x for x in instants if x is not None), default=None)
+            if t >= self._changed_ns:  # (an instant before the last change is worked out, never kept)
+                self._next_change = (self._light_version, t, 2**63 if nxt is None else nxt, nxt)
+            return nxt
 
     def wait_for_change(self, timeout_s: float, since_ns: int | None = None) -> None:
         """Until something changes: a command, a fault, or a change the world makes on its own

@@ -50,6 +50,7 @@ class WorldService:
     def __init__(self, world: World, host: str = "127.0.0.1"):
         self.world = world
         self.comms = Communicators()
+        self._links: dict[tuple[str, str], tuple] = {}  # (host, nic) -> (light version, from, until, what it showed)
         self._server = _Server((host, 0), _Handler)
         self._server.service = self  # type: ignore[attr-defined]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
@@ -97,13 +98,26 @@ class WorldService:
 
     def rpc_link(self, host: str, nic: str) -> dict:
         """What the host's kernel shows in /sys/class/net/<if>/: carrier, operstate and the
-        carrier counters. No instants: the agent stamps what it sees, as on a real host."""
-        state, _ = self.world.link_state(host, nic)
-        up = state == "up"
-        spec, _ = self.world._nic(host, nic)
-        return {"carrier": 1 if up else 0, "operstate": "up" if up else ("lowerlayerdown" if state == "dark" else "down"),
-                "speed_mbps": int(spec.rate_gbps * 1000) if up else None,  # as sysfs: no speed while down
-                **self.world.carrier_counters(host, nic)}
+        carrier counters. No instants: the agent stamps what it sees, as on a real host. Kept
+        while the light at the receiver is as it was and until its next change on its own (a
+        host's every look at its links asks it)."""
+        world = self.world
+        spec, _ = world._nic(host, nic)
+        with world.lock:
+            t = world.now_ns()  # (under the lock: a command that got it first is in the past of t)
+            version = world._version_of(spec.rx_port)
+            kept = self._links.get((host, nic))
+            if kept is not None and kept[0] == version and kept[1] <= t < kept[2]:
+                return dict(kept[3])
+            state, _ = world.link_state(host, nic, t)
+            up = state == "up"
+            shown = {"carrier": 1 if up else 0,
+                     "operstate": "up" if up else ("lowerlayerdown" if state == "dark" else "down"),
+                     "speed_mbps": int(spec.rate_gbps * 1000) if up else None,  # as sysfs: no speed while down
+                     **world.carrier_counters(host, nic)}
+            upcoming = world.next_link_change_ns(host, nic, t)
+            self._links[(host, nic)] = (version, t, 2**63 if upcoming is None else upcoming, shown)
+            return dict(shown)
 
     def rpc_nics(self, host: str) -> dict[str, str]:
         """The host's optical interfaces as its kernel lists them: interface -> the NIC it is."""
