@@ -32,9 +32,9 @@ from io import BytesIO
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The code before failure sequences were made cheap (fork-served ranks, fewer world round trips):
-# the default of --before.
-BEFORE = "5649d94"
+# The code before failure sequences were made cheap (fork-served ranks, fewer world round trips,
+# kept threads): main as this change was based on it; the default of --before.
+BEFORE = "01c1b17"
 KINDS = ("reset", "recovery", "repair", "quiet", "check")
 PARTS = ("physics_s", "startup_s", "harness_s", "waiting_s")
 
