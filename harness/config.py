@@ -494,6 +494,9 @@ class EmulatorSettings(_Model):
     seed: int = 1
     defects: list[str] = Field(default=[], description="defects of the emulated bench, NAME[=VALUE] "
                                "(lumion-hil defects lists them): to show which verdict each turns red")
+    explore: dict[Literal["ci", "nightly", "bench"], PositiveInt] = Field(
+        default={}, description="sequences an exploration profile tells on this bench, where not the profile's own "
+        "(a bench whose stories cost more, real processes over ssh, tells fewer): {ci: 200}")
 
 
 class Bench(_Model):

@@ -47,6 +47,7 @@ from lumion_hil.harness.recovery_model import (
     PHASES, Detection, Phase, Plan, RecoveryController, RecoveryError, RecoveryResult, Status, load_controller,
 )
 from lumion_hil.harness.spares import SparePolicy, SparePool
+from lumion_hil.instruments.threads import WORKERS
 from lumion_hil.instruments.protocols import InstrumentError
 
 __all__ = ["PHASES", "Detection", "Phase", "Plan", "RecoveryController", "RecoveryError", "RecoveryResult",
@@ -253,16 +254,14 @@ class ReferenceController(RecoveryController):
             except Exception as exc:  # raised by the restart, which needs it stopped
                 done["error"] = exc
 
-        thread = threading.Thread(target=stop, daemon=True, name="stop-job")
-        thread.start()
-        self._stopping = (thread, done)
+        self._stopping = (WORKERS.submit(stop), done)
 
     def _restart(self, ranks: list[str]) -> None:
         """The job, stopped everywhere, started again on the new rank map."""
         stopping, self._stopping = self._stopping, None
         if stopping is not None:
-            thread, done = stopping
-            thread.join()
+            stopped, done = stopping
+            stopped.result()
             if "error" in done:
                 raise done["error"]
         else:
@@ -293,10 +292,9 @@ class ReferenceController(RecoveryController):
                     done.set()
                     return
 
-        threads = [threading.Thread(target=lead, daemon=True)]
-        threads += [threading.Thread(target=follower, args=(h,), daemon=True) for h in ranks[1:]]
-        for t in threads:
-            t.start()
+        WORKERS.submit(lead)
+        for host in ranks[1:]:
+            WORKERS.submit(follower, host)
         done.wait(timeout_s + self.bench.waits.opc_s)
         if "lead" in outcome and outcome["lead"].get("reached"):
             return outcome["lead"]
@@ -321,21 +319,21 @@ class ReferenceController(RecoveryController):
         return bool(circuits)
 
     def _verify_light(self, circuits: list[tuple[int, int]], deadline_s: float) -> None:
-        """Every new path carries light above the receiver's sensitivity plus the link margin."""
+        """Every new path carries light above the receiver's sensitivity plus the link margin,
+        its detectors read together (the switch's monitors in one query) until each has it."""
         threshold = self.bench.limits.light_floor_dbm
         end = time.monotonic() + deadline_s
-        for _, egress in circuits:
-            detector = next(iter(self.bench.detectors_for_port(egress)), None)
-            if detector is None:
-                continue  # no detector on this path: the link check below still covers it
-            while True:
-                power = self.session.detector_dbm(detector)
-                received = self.bench.at_receiver_dbm(egress, power)
-                if isinstance(received, float) and received >= threshold:
-                    break
-                if time.monotonic() > end:
-                    raise RecoveryError(f"no light above {threshold:g} dBm (sensitivity + margin) at egress port "
-                                        f"{egress} ({detector.name} reads {power})")
+        # no detector on a path: the link check that follows still covers it
+        waiting = {egress: det for _, egress in circuits
+                   if (det := next(iter(self.bench.detectors_for_port(egress)), None)) is not None}
+        while waiting:
+            readings = self.session.received_dbms(list(waiting.values()))
+            waiting = {egress: det for egress, det in waiting.items()
+                       if not (isinstance(readings[det.name], float) and readings[det.name] >= threshold)}
+            if waiting and time.monotonic() > end:
+                egress, det = next(iter(waiting.items()))
+                raise RecoveryError(f"no light above {threshold:g} dBm (sensitivity + margin) at egress port "
+                                    f"{egress} ({det.name}: {readings[det.name]} at the receiver)")
 
     def _wait_links(self, circuits: list[tuple[int, int]], deadline_s: float) -> None:
         waits = []
@@ -352,11 +350,8 @@ class ReferenceController(RecoveryController):
             except InstrumentError as exc:
                 results[(host, interface)] = {"timed_out": True, "error": str(exc)}
 
-        threads = [threading.Thread(target=wait, args=w) for w in waits]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        for waited in [WORKERS.submit(wait, *w) for w in waits]:
+            waited.result()
         down = [f"{h}.{i}" for (h, i), r in results.items() if r.get("timed_out")]
         if down:
             raise RecoveryError(f"link(s) {down} did not come up within {deadline_s:g} s")

@@ -9,6 +9,7 @@ import threading
 
 from lumion_hil.harness.recovery_model import Detection, DetectionKind
 from lumion_hil.harness.spares import host_lost
+from lumion_hil.instruments.threads import WORKERS
 from lumion_hil.instruments.protocols import InstrumentError
 
 WATCH_WINDOW_S = 0.25  # how long each watcher's event wait lasts before it checks for disarm
@@ -29,7 +30,7 @@ class Watchers:
         self._detected: list[Detection] = []
         self._found = threading.Event()
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._threads: list = []  # the watchers' futures (harness/workers.py)
 
     def arm(self, ranks: list[str], circuits: dict[int, int]) -> None:
         """Watch the job on ``ranks``, running on ``circuits`` (ingress -> egress)."""
@@ -40,9 +41,12 @@ class Watchers:
         self._found.clear()
         self._detected.clear()
         connected_rx = set(circuits.values())
+        # Each host's XIDs from before drained first, the hosts at once: arming ends before the
+        # fault is made, so that its XID is news to the watchers, as it always was.
+        for drained in [WORKERS.submit(self._drain_xids, self._stop, self.session.hosts[h], h) for h in ranks]:
+            drained.result()
         for host_name in ranks:
             agent = self.session.hosts[host_name]
-            self._drain_xids(agent, host_name)
             self._watch(self._watch_xid, agent, host_name)
             self._watch(self._watch_job, agent, host_name)
             for nic in self.bench.host(host_name).nics:
@@ -64,15 +68,13 @@ class Watchers:
         """Stop watching. The watchers end after their current wait (at most a watch window);
         nothing waits for them here."""
         self._stop.set()
-        self._threads = [t for t in self._threads if t.is_alive()]
+        self._threads = [t for t in self._threads if not t.done()]
 
     # -- the watchers ----------------------------------------------------------------------------
 
     def _watch(self, target, agent, host: str | None, *args) -> None:
         """Run ``target(stop, agent, host, *args)`` in a thread of its own until it reports."""
-        thread = threading.Thread(target=self._guarded, args=(target, self._stop, agent, host, *args), daemon=True)
-        thread.start()
-        self._threads.append(thread)
+        self._threads.append(WORKERS.submit(self._guarded, target, self._stop, agent, host, *args))
 
     def _guarded(self, target, stop: threading.Event, agent, host: str | None, *args) -> None:
         while not stop.is_set():
@@ -97,7 +99,7 @@ class Watchers:
         self._detected.append(detection)
         self._found.set()
 
-    def _drain_xids(self, agent, host: str) -> None:
+    def _drain_xids(self, stop, agent, host: str) -> None:
         """NVML keeps events until someone waits for them: an XID from before arming (a GPU that
         has since been replaced, say) is history, unless the GPU is lost now."""
         stale = None
@@ -107,7 +109,7 @@ class Watchers:
                 break
             stale = event if event.get("xid") in FATAL_XIDS else stale
         if stale is not None and host_lost(self.session, host):
-            self._report(Detection(DetectionKind.XID, host, stale["t_ns"], stale["uncertainty_ns"], stale), self._stop)
+            self._report(Detection(DetectionKind.XID, host, stale["t_ns"], stale["uncertainty_ns"], stale), stop)
 
     def _watch_xid(self, stop, agent, host: str) -> None:
         while not stop.is_set():
@@ -139,8 +141,9 @@ class Watchers:
         floor = self.bench.limits.light_floor_dbm
         every = max(0.005, WATCH_WINDOW_S * self.bench.time_scale)
         while not stop.is_set():
+            readings = self.session.received_dbms([det for _, _, det in watched])  # the switch's monitors at once
             for host, nic, det in watched:
-                received = self.session.received_dbm(det)
+                received = readings[det.name]
                 if isinstance(received, float) and received < floor:
                     self._report(Detection(DetectionKind.MARGIN_LOW, host, self.timeline.clock(), 0,
                                            {"nic": nic.name, "received_dbm": round(received, 2), "floor_dbm": floor}),

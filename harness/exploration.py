@@ -33,6 +33,7 @@ from lumion_hil.harness.faults import Fault, FaultNotPossible, Injector
 from lumion_hil.instruments import transcript
 from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.recovery import NotRestarted, rank_map, recover_from
+from lumion_hil.instruments.threads import at_once
 from lumion_hil.instruments.backend import NIC_FAULTS, FaultKind
 
 # Faults that take a host out of the job (a process killed restarts it in place).
@@ -60,12 +61,13 @@ class Profile:
 
 
 PROFILES = {
-    "ci": "hundreds of sequences at the bench's time scale, in 2 shards (-n 2: both cores): every night's CI run",
+    "ci": "a thousand sequences at the bench's time scale (or as many as the bench file says), in 2 shards (-n 2: "
+          "both cores): every night's CI run",
     "nightly": "thousands, in 8 shards to spread over pytest-xdist workers (-n auto)",
     "bench": "a few at the bench's own speed (real time on a real bench): the default",
 }
 # sequences, most steps in one, shards
-_SIZES = {"ci": (200, 8, 2), "nightly": (4000, 12, 8), "bench": (5, 4, 1)}
+_SIZES = {"ci": (1000, 8, 2), "nightly": (4000, 12, 8), "bench": (5, 4, 1)}
 
 
 def shards(name: str | None) -> int:
@@ -98,10 +100,14 @@ def shards_of_part(name: str | None, part: str | None) -> list[int]:
     return [i for i in range(count) if i % n == k - 1]
 
 
-def profile(name: str, seed: int, examples_dir: Path, sequences: int | None = None) -> Profile:
+def profile(name: str, seed: int, examples_dir: Path, sequences: int | None = None, bench=None) -> Profile:
+    """Profile ``name``: ``sequences`` if given, else as many as the bench file says for it
+    (``emulator.explore``), else the profile's own."""
     if name not in PROFILES:
         raise ValueError(f"unknown exploration profile {name!r}; known: {', '.join(PROFILES)}")
     count, max_steps, pieces = _SIZES[name]
+    if not sequences and bench is not None:
+        sequences = bench.emulator.explore.get(name)
     return Profile(name, sequences or count, max_steps, pieces, seed, examples_dir)
 
 
@@ -709,17 +715,23 @@ class Explorer:
             raise Broken("the job runs at full size", f"ranks {self.ranks} for a job of {self.size}")
         floor = self.bench.limits.light_floor_dbm
         fed = set(live.values())
+        watched = {(host, nic.name): next(iter(self.bench.detectors_for_port(nic.rx_port)), None)
+                   for host in self.ranks for nic in self.bench.host(host).nics if nic.rx_port in fed}
+        # Every host asked at once, every detector read together; judged in order below.
+        asked = at_once({**{(host, "health"): self.session.hosts[host].health for host in self.ranks},
+                               **{(host, "links"): self.session.hosts[host].links for host in self.ranks},
+                               ("light", None): lambda: self.session.received_dbms(
+                                   [d for d in watched.values() if d is not None])})
         for host in self.ranks:
-            agent = self.session.hosts[host]
-            if any(g.get("lost") for g in agent.health()):
+            if any(g.get("lost") for g in self._answer(asked, (host, "health"))):
                 raise Broken("the job runs on healthy GPUs", f"{host}'s GPU is lost and it is in the job {self.ranks}")
-            links = {s["interface"]: s for s in agent.links()}
+            links = {s["interface"]: s for s in self._answer(asked, (host, "links"))}
             for nic in self.bench.host(host).nics:
                 if nic.rx_port not in fed:
                     continue
-                det = next(iter(self.bench.detectors_for_port(nic.rx_port)), None)
+                det = watched[(host, nic.name)]
                 if det is not None:
-                    received = self.session.received_dbm(det)
+                    received = self._answer(asked, ("light", None))[det.name]
                     if not isinstance(received, float) or received < floor:
                         raise Broken("every circuit has light above sensitivity plus margin",
                                      f"{host}.{nic.name} receives {received} ({det.name}), floor {floor:g} dBm")
@@ -729,6 +741,13 @@ class Explorer:
         status = self.session.hosts[self.ranks[0]].job_status()
         if not status.get("running"):
             raise Broken("the job runs", f"not running on {self.ranks}: {status.get('last_lines', [])[-2:]}")
+
+    @staticmethod
+    def _answer(asked: dict, key):
+        value = asked[key]
+        if isinstance(value, Exception):
+            raise value
+        return value
 
     @_check("the run record", "the run record holds every measurement taken")
     def _check_record(self, _live: dict[int, int]) -> None:

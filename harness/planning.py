@@ -98,9 +98,11 @@ class Planner:
             plan.fallback = self.replacement(ranks, other_end, spare, f"{detection.kind}, the sending end")
         return plan
 
-    def replacement(self, ranks: list[str], failed: str, spare: str, why: str) -> Plan:
-        """The plan that puts ``spare`` in ``failed``'s place, checked."""
-        live = self.switch.connections()
+    def replacement(self, ranks: list[str], failed: str, spare: str, why: str,
+                    live: dict[int, int] | None = None) -> Plan:
+        """The plan that puts ``spare`` in ``failed``'s place, checked; from the circuits ``live``
+        (by default the switch's now)."""
+        live = self.switch.connections() if live is None else live
         remove, add = self.rewiring(self.bench, failed, spare, live, self.circuits or live)
         after = [spare if h == failed else h for h in ranks]
         plan = Plan(failed, spare, ranks, after, remove, add, diagnosis=f"{failed} replaced by spare {spare} after {why}")
@@ -109,9 +111,12 @@ class Planner:
         return plan
 
     def replan(self, plan: Plan, lost: list[str], why: str) -> Plan:
-        """Replace hosts of ``plan``'s new rank map that were lost, from the circuits now in place."""
-        self.read_circuits()
-        ranks, diagnosis, remove, add = list(plan.ranks_after), plan.diagnosis, [], []
+        """Replace hosts of ``plan``'s new rank map that were lost, from the circuits now in place.
+        Each replacement is made on the circuits the ones before it leave; the plan is the
+        difference between the circuits in place and those wanted at the end (a later
+        replacement may rewire a port an earlier one would have connected)."""
+        in_place = set(self.read_circuits().items())
+        ranks, diagnosis = list(plan.ranks_after), plan.diagnosis
         for host in lost:
             if host not in self.spares.out_of_service:  # one taken out already keeps its own reason
                 self.spares.take_out(host, f"lost during a recovery ({why})")
@@ -119,14 +124,13 @@ class Planner:
             if spare is None:
                 return Plan(host, None, plan.ranks_before, [], diagnosis=f"{diagnosis}; then {host} was lost too "
                             f"({why}) and {self.spares.no_spare()}: degraded")
-            step = self.replacement(ranks, host, spare, "it was lost during the recovery")
+            step = self.replacement(ranks, host, spare, "it was lost during the recovery", live=dict(self.circuits))
             ranks, diagnosis = step.ranks_after, f"{diagnosis}; then {step.diagnosis}"
-            remove += step.remove
-            add += step.add
             self.circuits = {**{i: e for i, e in self.circuits.items() if (i, e) not in step.remove}, **dict(step.add)}
+        wanted = set(self.circuits.items())
         spares = [h for h in ranks if h not in plan.ranks_after]
-        return Plan(plan.failed_host, spares[-1] if spares else plan.spare, plan.ranks_before, ranks, remove, add,
-                    diagnosis=diagnosis)
+        return Plan(plan.failed_host, spares[-1] if spares else plan.spare, plan.ranks_before, ranks,
+                    sorted(in_place - wanted), sorted(wanted - in_place), diagnosis=diagnosis)
 
     def other_end_instead(self, ranks: list[str], bad: list[str]) -> Plan | None:
         """Where the one host to replace was taken out on a guess: the plan that replaces the

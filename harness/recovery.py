@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from lumion_hil.harness.recovery_model import PHASES, RecoveryResult
+from lumion_hil.instruments.threads import at_once
 from lumion_hil.instruments.backend import FaultKind
 
 
@@ -174,8 +175,10 @@ def rank_map(session, fault_ns: int, world_size: int | None = None) -> tuple[lis
     :class:`NotRestarted`, never passes."""
     world_size = world_size or len(session.bench.job.ranks)
     running: dict[int, list[tuple[str, int | None]]] = {}
-    for name, host in session.hosts.items():
-        status = host.job_status()
+    asked = at_once({name: host.job_status for name, host in session.hosts.items()})  # every host at once
+    for name, status in asked.items():
+        if isinstance(status, Exception):
+            raise status
         rank = (status.get("fields") or {}).get("rank")
         if status.get("running") and isinstance(rank, int):
             running.setdefault(rank, []).append((name, status.get("started_ns")))

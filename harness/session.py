@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +18,7 @@ from lumion_hil.harness.lock import BenchLock
 from lumion_hil.harness.places import PLACE_ENV, wanted_from_place
 from lumion_hil.harness.safety import GuardedSwitch
 from lumion_hil.harness.timeline import Timeline
+from lumion_hil.instruments.threads import at_once
 from lumion_hil.instruments.backend import BenchBackend
 from lumion_hil.instruments.gpu_host.client import AgentClient, local_agent_argv, ssh_agent_argv
 from lumion_hil.instruments.protocols import OutOfRange
@@ -29,19 +29,8 @@ log = logging.getLogger("lumion_hil")
 def _all_at_once(action, calls: list[tuple]) -> None:
     """Run ``action(*args)`` for each args in parallel threads; every call runs even if another
     fails, and the first failure is raised once all have ended."""
-    errors: list[Exception] = []
-
-    def run(*args) -> None:
-        try:
-            action(*args)
-        except Exception as exc:  # noted; the others still run
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=args, daemon=True) for args in calls]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = [e for e in at_once({i: (lambda a=args: action(*a)) for i, args in enumerate(calls)}).values()
+              if isinstance(e, Exception)]
     if errors:
         raise errors[0]
 
@@ -217,6 +206,24 @@ class BenchSession:
     def received_dbm(self, detector: Detector) -> "float | OutOfRange":
         """The light at the receiver behind the detector's port, as the detector reads it."""
         return self.bench.at_receiver_dbm(detector.port, self.detector_dbm(detector))
+
+    def received_dbms(self, detectors: list[Detector]) -> dict[str, "float | OutOfRange"]:
+        """:meth:`received_dbm` of several detectors, by name: the switch's own monitors in one
+        query (as its power-monitor command takes a list of ports), meters' channels each."""
+        switch = self.bench.topology.switch
+        monitors = [d for d in detectors if d.instrument == switch]
+        out: dict[str, float | OutOfRange] = {}
+        if monitors:
+            with self.timeline.span("detector.read", detector=",".join(d.name for d in monitors)):
+                readings = self.switch.port_power_dbm(sorted({d.port for d in monitors}))
+            for d in monitors:
+                reading = readings[d.port]
+                out[d.name] = self.bench.at_receiver_dbm(
+                    d.port, reading + d.tap_loss_db if isinstance(reading, float) else reading)
+        for d in detectors:
+            if d.instrument != switch:
+                out[d.name] = self.received_dbm(d)
+        return out
 
     def restore_baseline(self, *, verify: bool = False) -> None:
         """Back to the baseline cross-connects, as one uninterruptible step; with ``verify``,

@@ -88,8 +88,8 @@ def main() -> None:
               help="After Ctrl-C or SIGTERM, how long to wait for the suites to restore the bench and "
                    "stop [default: twice deadlines.opc_s plus 30 s].")
 @click.option("--explore", type=click.Choice(["ci", "nightly", "bench"]), default=None,
-              help="How much the failure-sequence suite explores: ci (hundreds of sequences, in 2 shards: add "
-                   "-n 2 to run them at once), nightly "
+              help="How much the failure-sequence suite explores: ci (a thousand sequences, or as many as the "
+                   "bench file's emulator.explore says, in 2 shards: add -n 2 to run them at once), nightly "
                    "(thousands, in 8 shards: add -n auto to spread them over workers, or --explore-shard K/N "
                    "--explore-seed S to run a part of them on each of N machines), bench (a few; the default).")
 @click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=None, metavar="SECONDS",

@@ -1,61 +1,201 @@
-"""Failure-sequence exploration speed, per profile, on the exploration bench: sequences per minute,
-steps per sequence and recoveries per minute, as the suite itself measures them (it records
-``sequences_explored``, ``sequence_length_mean`` and ``sequences_per_minute`` in the run record).
+"""Failure-sequence exploration speed on the exploration bench, side by side with the code before
+a change, and where the time goes.
 
-Each profile runs through `lumion-hil run` with fewer sequences than it would explore in full:
-ci (its two shards one after the other in one process, at the bench's time scale 0.02; CI runs
-them on two workers), nightly (its 8 shards over pytest-xdist workers),
-bench (real time: a few sequences, as on a lab's bench)."""
+1. The ci profile (its two shards on ``--workers`` pytest-xdist workers, as CI runs it, at the
+   bench's time scale 0.02) through ``lumion-hil run``, with the same sequences and seed, on the
+   code of ``--before`` (a git revision, unpacked to a temporary folder and run with this
+   environment) and on this tree, one after the other in one run: sequences, wall time,
+   sequences a minute, and their ratio.
+2. For each, the wall time of what the explorer does (a reset, a recovery, a repair, a quiet
+   step, the promises' check) split into the scaled physics the world accounts for, process
+   start-up, harness CPU and waiting (perf/exploration_split.py says how each is measured).
+3. The floor the physics alone sets: the profile's physics, all of it, spread over the workers;
+   the sequences a minute it allows, and how far each run is from it.
+
+``--profiles`` also runs the nightly profile (its 8 shards over the workers) and the bench
+profile (real time, a few sequences) on this tree, as before. Figures are wall time on this
+machine: a loaded machine slows both sides of the comparison alike, not the floor."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
+import tomllib
+from io import BytesIO
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "benches" / "exploration.yaml"
+# The code before failure sequences were made cheap (fork-served ranks, fewer world round trips,
+# kept threads): main as this change was based on it; the default of --before.
+BEFORE = "01c1b17"
+KINDS = ("reset", "recovery", "repair", "quiet", "check")
+PARTS = ("physics_s", "startup_s", "harness_s", "waiting_s")
 
 
-def explore(profile: str, sequences: int, *extra: str) -> dict:
+def unpack(revision: str, into: Path) -> Path:
+    """The tree at ``revision`` unpacked under ``into``, laid out as its installed package (each
+    folder where its pyproject.toml maps it); returns the folder that holds that package. A run
+    started there imports that tree (its folder comes first on the path: it is the current one),
+    with this environment's packages."""
+    try:
+        data = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", revision], check=True,
+                              capture_output=True).stdout
+    except subprocess.CalledProcessError as exc:
+        raise SystemExit(f"--before {revision}: git archive failed: {exc.stderr.decode().strip()}") from None
+    tree = into / "tree"
+    tree.mkdir()
+    with tarfile.open(fileobj=BytesIO(data)) as archive:
+        archive.extractall(tree, filter="data")
+    layout = tomllib.loads((tree / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    top = into / "path" / "lumion_hil"
+    top.mkdir(parents=True)
+    for item in (tree / layout["lumion_hil"]).iterdir():
+        (top / item.name).symlink_to(item, target_is_directory=item.is_dir())
+    for package, folder in layout.items():
+        if package != "lumion_hil":
+            (top / package.split(".", 1)[1]).symlink_to(tree / folder, target_is_directory=True)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree)], check=False, capture_output=True)
+    found = subprocess.run([sys.executable, "-c", "import lumion_hil.harness.exploration as m; print(m.__file__)"],
+                           cwd=top.parent, capture_output=True, text=True).stdout.strip()
+    if not found.startswith(str(top)):
+        raise SystemExit(f"--before {revision}: the unpacked tree is not the one imported ({found!r})")
+    return top.parent
+
+
+def explore(tree: Path, shim: Path | None, profile: str, sequences: int, *extra: str, split: bool = True,
+            bench: str = "exploration.yaml") -> dict:
+    """One ``lumion-hil run`` of the failure-sequence suite; its figures from the run record and,
+    with ``split``, the split of its time."""
     with tempfile.TemporaryDirectory() as tmp:
-        results = Path(tmp)
-        cmd = [sys.executable, "-m", "lumion_hil", "run", "--bench", str(BENCH), "--results", str(results), "--no-report",
-               "--explore", profile, "-k", "failure_sequences", "--explore-sequences", str(sequences),
-               "--explore-seed", "1", "-q", *extra]
-        started = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        wall = time.monotonic() - started
+        results = Path(tmp) / "results"
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # as .ci/run
+        env["PYTHONPATH"] = str(ROOT / "perf")  # this plug-in, on either tree
+        env["LUMION_HIL_LOCK_DIR"] = env.get("LUMION_HIL_LOCK_DIR", str(Path(tmp) / "locks"))
+        if split:
+            env["LUMION_HIL_SPLIT_OUT"] = str(Path(tmp) / "split")
+        cmd = [sys.executable, "-m", "lumion_hil", "run", "--bench", str(tree / "benches" / bench),
+               "--results", str(results), "--no-report", "--explore", profile, "-k", "failure_sequences",
+               "--explore-sequences", str(sequences), "--explore-seed", "1", "-q", "-p", "exploration_split", *extra]
+        for attempt in range(3):
+            started = time.monotonic()
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=shim or ROOT, env=env)
+            wall = time.monotonic() - started
+            if proc.returncode == 0 or attempt == 2:
+                break
+            # A run that broke is not a speed: say why, and run it again. On a busy machine the code
+            # before the start-up allowance had its agents miss their first reply (no tests ran), and
+            # a story at a fiftieth of real time can miss a deadline the load, not the code, missed.
+            broke = [line.strip() for p in (results / "stories").glob("*.yaml") for line in p.read_text().splitlines()
+                     if line.startswith("broke:")]
+            why = broke[0][:160] if broke else "no tests ran" if "no tests ran" in proc.stdout else f"exit {proc.returncode}"
+            print(f"  ({'before' if shim else 'this tree'}: the run broke ({why}); run again)", flush=True)
+            shutil.rmtree(results, ignore_errors=True)
+            shutil.rmtree(Path(tmp) / "split", ignore_errors=True)
         if proc.returncode != 0:
             stories = "\n".join(p.read_text() for p in (results / "stories").glob("*.yaml"))
-            raise SystemExit(f"{profile}: exit {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}\n{stories}")
+            raise SystemExit(f"{profile} ({tree}): exit {proc.returncode}\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
+                             f"\n{stories}")
         lines = [json.loads(line) for record in (results / "records").glob("*.jsonl") for line in record.open()]
+        parts = [json.loads(line) for f in (Path(tmp) / "split").glob("*.jsonl") for line in f.open()] if split else []
     taken = [m for m in lines if m.get("type") == "measurement"]
-    explored = sum(m["value"] for m in taken if m["name"] == "sequences_explored")
+    explored = sum(m["attrs"].get("sequences_run", 0) for m in taken if m["name"] == "sequences_explored")
+    distinct = sum(m["value"] for m in taken if m["name"] == "sequences_explored")
     lengths = [m["value"] for m in taken if m["name"] == "sequence_length_mean"]
     recoveries = sum(m["attrs"].get("recoveries", 0) for m in taken if m["name"] == "sequences_per_minute")
-    return {"sequences": explored, "wall_s": wall, "per_min": 60 * explored / wall,
-            "mean_steps": sum(lengths) / len(lengths) if lengths else 0.0, "recoveries_per_min": 60 * recoveries / wall}
+    return {"sequences": explored, "distinct": distinct, "wall_s": wall, "per_min": 60 * explored / wall,
+            "mean_steps": sum(lengths) / len(lengths) if lengths else 0.0, "recoveries": recoveries,
+            "recoveries_per_min": 60 * recoveries / wall, "parts": parts}
+
+
+def floor(run: dict, workers: int) -> dict:
+    """The physics floor of a run: all its physics, spread over the workers."""
+    ops = [p for p in run["parts"] if p.get("kind") in KINDS and "error" not in p]
+    physics = sum(p["physics_s"] for p in ops)
+    shards = [p for p in run["parts"] if p.get("kind") == "shard"]
+    shard_wall = max((sum(p["wall_s"] for p in shards) / workers), 1e-9)
+    floor_s = physics / workers
+    return {"floor_s": floor_s, "per_min": 60 * run["sequences"] / floor_s if floor_s else float("inf"),
+            "shard_wall_s": shard_wall, "of_run": run["wall_s"] / floor_s if floor_s else float("inf"),
+            "of_shards": shard_wall / floor_s if floor_s else float("inf")}
+
+
+def print_split(name: str, run: dict) -> None:
+    ops = [p for p in run["parts"] if p.get("kind") in KINDS and "error" not in p]
+    errors = [p for p in run["parts"] if "error" in p]
+    print(f"  {name}: per operation, mean ms (wall = physics + start-up + harness CPU + waiting), and its total s")
+    print(f"    {'':9s} {'count':>6s} {'wall':>8s} {'physics':>8s} {'start-up':>8s} {'harness':>8s} {'waiting':>8s}"
+          f" {'total s':>8s} {'ranks started':>14s}")
+    for kind in KINDS:
+        mine = [p for p in ops if p["kind"] == kind]
+        if not mine:
+            continue
+        mean = {k: 1e3 * sum(p[k] for p in mine) / len(mine) for k in ("wall_s",) + PARTS}
+        print(f"    {kind:9s} {len(mine):6d} {mean['wall_s']:8.1f} {mean['physics_s']:8.1f} {mean['startup_s']:8.1f} "
+              f"{mean['harness_s']:8.1f} {mean['waiting_s']:8.1f} {sum(p['wall_s'] for p in mine):8.1f} "
+              f"{sum(p.get('ranks_started', 0) for p in mine):14d}")
+    shards = [p for p in run["parts"] if p.get("kind") == "shard"]
+    timed = sum(p["wall_s"] for p in ops)
+    total = sum(p["wall_s"] for p in shards)
+    print(f"    the shards' tests took {total:.1f} s in all ({sum(p['cpu_s'] for p in shards):.1f} s of their "
+          f"processes' CPU); the operations above {timed:.1f} s of it, the rest ({total - timed:.1f} s) is the "
+          "explorer's own bookkeeping and Hypothesis drawing the steps")
+    if errors:
+        print(f"    ({len(errors)} operation(s) could not be split: {errors[0]['error']})")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--ci", type=int, default=120, help="sequences for the ci profile")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ci", type=int, default=200, help="sequences of the ci profile on each side (default 200)")
+    parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (default 2, as CI)")
+    parser.add_argument("--before", default=BEFORE, metavar="REVISION",
+                        help=f"the code to compare with (default {BEFORE}); 'none': this tree alone")
+    parser.add_argument("--bench", default="exploration.yaml", metavar="FILE",
+                        help="the bench file under benches/ (default exploration.yaml; netns.yaml: the namespaced "
+                             "bench, as root, at --time-scale 0.05 as CI runs it)")
+    parser.add_argument("--time-scale", type=float, default=None, help="the bench's time scale (default: its own)")
+    parser.add_argument("--profiles", action="store_true",
+                        help="also the nightly profile over the workers and the bench profile at real time")
     parser.add_argument("--nightly", type=int, default=96, help="sequences for the nightly profile (8 shards)")
-    parser.add_argument("--workers", default="2", help="pytest-xdist workers for the nightly profile")
-    parser.add_argument("--bench", type=int, default=3, help="sequences for the bench profile (real time)")
+    parser.add_argument("--bench-sequences", type=int, default=3, help="sequences for the bench profile (real time)")
     args = parser.parse_args()
-    runs = [("ci", explore("ci", args.ci)),
-            (f"nightly (-n {args.workers})", explore("nightly", args.nightly, "-n", args.workers)),
-            ("bench (real time)", explore("bench", args.bench, "--time-scale", "1"))]
-    print(f"Failure-sequence exploration on {BENCH.name} (wall time of the whole run, set-up included):")
+    workers = ["-n", str(args.workers)] if args.workers > 1 else []
+    workers += ["--time-scale", str(args.time_scale)] if args.time_scale else []
+    load = os.getloadavg()
+    print(f"Failure sequences on {args.bench}{f' at time scale {args.time_scale:g}' if args.time_scale else ''}, ci profile, {args.ci} sequences, seed 1, {args.workers} worker(s); "
+          f"{os.cpu_count()} cores, load average {load[0]:.2f} at the start")
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.before != "none":
+            shim = unpack(args.before, Path(tmp))
+            runs.append((f"before ({args.before})", explore(Path(tmp) / "tree", shim, "ci", args.ci, *workers,
+                                                            bench=args.bench)))
+        runs.append(("this tree", explore(ROOT, None, "ci", args.ci, *workers, bench=args.bench)))
+    print(f"  {'':22s} {'sequences':>9s} {'wall s':>8s} {'per min':>8s} {'recoveries':>10s} {'steps each':>10s}  "
+          "physics floor: s, per min, run / floor, shards / floor")
     for name, r in runs:
-        print(f"  {name:20s} {r['sequences']:5.0f} sequences in {r['wall_s']:6.1f} s: {r['per_min']:6.1f} per minute, "
-              f"{r['mean_steps']:.1f} steps each on average, {r['recoveries_per_min']:6.1f} recoveries per minute")
+        f = floor(r, args.workers)
+        print(f"  {name:22s} {r['sequences']:9.0f} {r['wall_s']:8.1f} {r['per_min']:8.1f} {r['recoveries']:10.0f} "
+              f"{r['mean_steps']:10.2f}  {f['floor_s']:6.1f} {f['per_min']:8.1f} {f['of_run']:6.2f}x {f['of_shards']:6.2f}x")
+    if len(runs) == 2:
+        print(f"  this tree / before: {runs[1][1]['per_min'] / runs[0][1]['per_min']:.2f}x the sequences a minute "
+              "(same profile, seed and machine, one after the other)")
+    print("Where the time goes (perf/exploration_split.py):")
+    for name, r in runs:
+        print_split(name, r)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end (other work on the machine slows both sides)")
+    if args.profiles and args.bench == "exploration.yaml":
+        more = [(f"nightly (-n {args.workers})", explore(ROOT, None, "nightly", args.nightly, *workers, split=False)),
+                ("bench (real time)", explore(ROOT, None, "bench", args.bench_sequences, "--time-scale", "1", split=False))]
+        for name, r in more:
+            print(f"  {name:20s} {r['sequences']:5.0f} sequences in {r['wall_s']:6.1f} s: {r['per_min']:6.1f} per "
+                  f"minute, {r['mean_steps']:.1f} steps each, {r['recoveries_per_min']:6.1f} recoveries per minute")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ A story that breaks one is shrunk to the shortest that still does, written as a 
 (attached to the report, kept under RESULTS/stories) and replayable on any bench that has its
 parts: ``lumion-hil replay STORY --bench FILE``.
 
-Profiles (``lumion-hil run --explore PROFILE``): ``ci``, hundreds of sequences in two shards;
+Profiles (``lumion-hil run --explore PROFILE``): ``ci``, a thousand sequences in two shards (or as
+many as the bench file's ``emulator.explore`` says);
 ``nightly``, thousands in eight; pytest-xdist spreads a profile's shards over workers (``-n 2``,
 ``-n auto``), each worker with its own emulated bench, and the paths the stories took are judged
 over all of them; ``bench``, a few at real time. Each shard's seed, the profile and the number
@@ -211,8 +212,8 @@ def test_failure_sequences(shard, session, bench_file, exploration, measure, rec
         took = time.monotonic() - started
         # Many of Hypothesis's choice sequences tell the same story (a quiet step draws choices it
         # never reads): at least a quarter of a shard's sequences must be distinct stories told
-        # to the end. A clean ci shard of 100 tells 46-49 on the exploration bench, 34-46 on the
-        # namespaced bench (four hosts: fewer stories to tell); a story that breaks a promise
+        # to the end. A clean ci shard of 500 tells 187-204 on the exploration bench; one of 100,
+        # 34-46 on the namespaced bench (four hosts: fewer stories to tell); a story that breaks a promise
         # early, or a controller that leaves nothing to tell, tells far fewer.
         target = max(1, examples // 4)
         measure(Spec("sequences_explored", "sequences", description="distinct failure sequences told to the end in "

@@ -122,8 +122,10 @@ PROOFS = [
     # The job restarted first (a fair overlap), the rewiring left until 400 ms after the job is
     # ready: the job's start-up is physics, its wait in the first collective for links that
     # are not up is the controller's, at every time scale. LUMION's restart (the job running
-    # again) is late too.
-    ("restart_first_dawdle", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 1.0, None,
+    # again) is late too. At real time it dawdles 600 ms: after 400 the job runs again 1.24 s after
+    # the fault (its 0.5 s start-up, the dawdle, 0.3 s of rewiring and lock), within the 1.25 s
+    # of LUMION's limit once the ranks start forked, a verdict left to the harness's own speed.
+    ("restart_first_dawdle=600", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 1.0, None,
      {"controller_overhead_total", "recovery_to_restart_lumion"}),
     ("restart_first_dawdle", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2, None,
      {"controller_overhead_total", "recovery_to_restart_lumion"}),
@@ -181,6 +183,7 @@ MAY_TURN_RED = {"ignores_fading_light": {"sequences_explored", "sequence_recover
 # at least, at most). The dawdle past the job's start-up (400 ms) is all overhead, and no more
 # than the dawdle and the software budget (the reference controller's own time).
 MAGNITUDE = {"restart_first_dawdle": ("controller_overhead_total", 0.4, 0.4 + 0.25),
+             "restart_first_dawdle=600": ("controller_overhead_total", 0.6, 0.6 + 0.25),
              "wrong_spare_first": ("controller_overhead_total", 0.3, 0.3 + 0.25)}
 
 # Options beyond the bench, the scale and -k that a proof runs with.

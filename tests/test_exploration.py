@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from conftest import BENCHES, ROOT, serve_bench
-from lumion_hil.harness.exploration import Step, Story
+from lumion_hil.harness.exploration import Step, Story, profile
 
 SUITE = ROOT / "test_suites" / "test_failure_sequences.py"
 
@@ -139,3 +139,42 @@ def test_stories_that_once_broke_a_promise_keep_it_now(path):
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "every promise kept" in proc.stdout
+
+
+def test_a_bench_file_may_tell_fewer_stories_in_a_profile(tmp_path):
+    from lumion_hil.harness.config import load_bench
+
+    netns, exploration = load_bench(BENCHES / "netns.yaml"), load_bench(BENCHES / "exploration.yaml")
+    assert profile("ci", 1, tmp_path, bench=exploration).sequences == 1000, "the profile's own"
+    assert profile("ci", 1, tmp_path, bench=netns).sequences == 200, "the namespaced bench's emulator.explore"
+    assert profile("nightly", 1, tmp_path, bench=netns).sequences == 4000, "a profile it does not name"
+    assert profile("ci", 1, tmp_path, 40, bench=netns).sequences == 40, "--explore-sequences over both"
+
+
+def test_two_hosts_lost_in_one_recovery_are_replaced_by_one_plan_the_switch_takes():
+    """A ci story: a GPU failed as another rank's exit was being recovered in place, so both were
+    lost when the job restarted. Replanning both replaced the second from the circuits the switch
+    still had, not those the first replacement leaves, and asked for one port twice (-224)."""
+    from lumion_hil.harness.config import load_bench
+    from lumion_hil.harness.controller import ReferenceController
+    from lumion_hil.harness.recovery_model import Plan
+    from lumion_hil.harness.session import BenchSession
+
+    bench = load_bench(BENCHES / "exploration.yaml")
+    with BenchSession.open(bench) as session:
+        ranks = list(bench.job.ranks)
+        controller = ReferenceController(session, ranks)
+        session.world.fail_gpu("host2")
+        session.world.fail_gpu("host1")
+        in_place = session.switch.connections()
+        plan = controller.planner.replan(Plan(None, None, ranks, ranks, diagnosis="restarted in place"),
+                                         ["host2", "host1"], "both GPUs lost")
+        ingress, egress = [i for i, _ in plan.add], [e for _, e in plan.add]
+        assert len(set(ingress)) == len(ingress) and len(set(egress)) == len(egress), plan.add
+        assert set(plan.remove) <= set(in_place.items()), "only circuits in place are taken away"
+        session.switch.disconnect(plan.remove)
+        session.switch.connect(plan.add)  # the switch takes it
+        wired = session.switch.connections()
+        sending = {h.name for h, n in bench.nic_ports() if n.tx_port in wired}
+        assert not {"host1", "host2"} & set(plan.ranks_after) and set(plan.ranks_after) <= sending
+        session.world.heal()

@@ -9,6 +9,7 @@ its links are the host's own, read from /sys/class/net and woken by netlink, as 
 from __future__ import annotations
 
 from lumion_hil.instruments.backend import AGENT_FAULTS
+from lumion_hil.instruments.emulators.forkserver import ForkServer
 from lumion_hil.instruments.emulators.links import WorldLinks
 from lumion_hil.instruments.emulators.nvml import FakeNvml
 from lumion_hil.instruments.emulators.world_client import WorldClient
@@ -16,6 +17,10 @@ from lumion_hil.instruments.gpu_host.agent import Agent, clock_with_offset, pars
 from lumion_hil.instruments.gpu_host.jobs import JobControl
 from lumion_hil.instruments.gpu_host.links import SysfsLinks
 from lumion_hil.instruments.gpu_host.nvml_backend import NvmlGpus
+
+# The emulated benches' jobs (their ranks are forked, ready imported): the emulated training job
+# and the namespaced bench's ring job.
+EMULATED_JOBS = ("lumion_hil.instruments.emulators.job", "lumion_hil.instruments.emulators.ring_job")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -50,9 +55,12 @@ def main(argv: list[str] | None = None) -> None:
         interfaces = world.call("nics", host=args.host)
     links = (SysfsLinks(args.sysfs, clock_ns) if args.links == "sysfs"
              else WorldLinks(world, args.host, interfaces, clock_ns, args.notify_latency_s))
+    # The emulated jobs' ranks are forked from a server that has imported them once: a restart
+    # costs a fork, not an interpreter's start-up (forkserver.py).
+    forks = ForkServer(EMULATED_JOBS)
     Agent(NvmlGpus(FakeNvml(world, args.host), clock_ns), links,
-          JobControl(args.log_dir, clock_ns, offset, read_latency_s=args.notify_latency_s), clock_ns,
-          "emulated", faults).serve()
+          JobControl(args.log_dir, clock_ns, offset, read_latency_s=args.notify_latency_s, popen=forks.popen),
+          clock_ns, "emulated", faults).serve()
 
 
 if __name__ == "__main__":

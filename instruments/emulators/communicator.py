@@ -97,11 +97,12 @@ class Communicators:
             if comm is None:
                 return {"done": False, "behind": [], "gone": True}
             comm.entered[rank] = max(seq, comm.entered.get(rank, -1))
-            self._cond.notify_all()
 
             def behind() -> list[int]:
                 return [r for r in range(comm.nranks) if comm.entered.get(r, -1) < seq]
 
+            if not behind():  # the last rank in: the others may go (no one is woken before)
+                self._cond.notify_all()
             self._cond.wait_for(lambda: not behind(), timeout=min(wait_s, _SLICE_S))
             late = behind()
             return {"done": not late, "behind": late}

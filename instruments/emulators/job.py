@@ -28,17 +28,20 @@ from lumion_hil.instruments.emulators.world_client import WorldClient
 class _Peers:
     """This rank's side of the job's communicator, in the world service."""
 
-    def __init__(self, world, key: str, nranks: int, rank: int, timeout_s: float):
-        self.world, self.key, self.nranks, self.rank, self.timeout_s = world, key, nranks, rank, timeout_s
+    def __init__(self, world, key: str, ranks: list[str], rank: int, timeout_s: float):
+        self.world, self.key, self.ranks, self.rank, self.timeout_s = world, key, ranks, rank, timeout_s
+        self.nranks = len(ranks)
         self.comm = None
 
-    def init(self) -> bool:
-        """ncclCommInitRank: until every rank has joined, or the timeout."""
+    def init(self, told: list[dict]) -> bool:
+        """ncclCommInitRank: until every rank has joined, or the timeout. ``told``: what this rank
+        says it has done as it first asks (its being ready)."""
         until = time.monotonic() + self.timeout_s
         while True:
             left = until - time.monotonic()
             state = self.world.call("comm_join", key=self.key, nranks=self.nranks, rank=self.rank, pid=os.getpid(),
-                                    wait_s=max(0.0, left))
+                                    wait_s=max(0.0, left), ranks=self.ranks, told=told)
+            told = []
             if state["complete"]:
                 self.comm = state["comm"]
                 return True
@@ -48,18 +51,22 @@ class _Peers:
                       f"clients. {joined}/{self.nranks} clients joined. (missing ranks {state['missing']})", flush=True)
                 return False
 
-    def collective(self, seq: int) -> bool:
-        """A collective: until every rank has entered it, or the timeout (PyTorch's watchdog)."""
-        started = time.monotonic()
+    def collective(self, seq: int, state: dict | None = None, started: float | None = None) -> bool:
+        """A collective: until every rank has entered it, or the timeout (PyTorch's watchdog).
+        ``state``: the answer of an entry already made at ``started`` (in the round trip that
+        asked what the collective costs)."""
+        started = time.monotonic() if started is None else started
         until = started + self.timeout_s
         while True:
-            state = self.world.call("comm_enter", comm=self.comm, rank=self.rank, seq=seq,
-                                    wait_s=max(0.0, until - time.monotonic()))
+            if state is None:
+                state = self.world.call("comm_enter", comm=self.comm, rank=self.rank, seq=seq,
+                                        wait_s=max(0.0, until - time.monotonic()))
             if state["done"]:
                 return True
             if time.monotonic() >= until or state.get("gone"):
                 _watchdog(self.rank, seq, self.timeout_s, started, f"waiting for ranks {state['behind']}")
                 return False
+            state = None
 
 
 def _watchdog(rank: int, seq: int, timeout_s: float, started: float, why: str) -> None:
@@ -122,20 +129,28 @@ def main(argv: list[str] | None = None) -> int:
     scale = world.call("time_scale")
     host = ranks[args.rank]
     timeout_s = args.nccl_timeout_s * scale
-    peers = None if args.all_ranks_here else _Peers(world, f"{args.master_port}/{args.ranks}", len(ranks), args.rank,
+    peers = None if args.all_ranks_here else _Peers(world, f"{args.master_port}/{args.ranks}", ranks, args.rank,
                                                     timeout_s)
     # The emulated launch and communicator set-up take the bench's start-up in all, counted from
     # when this process was launched (the interpreter's own start is part of the launch).
     time.sleep(max(0.0, args.startup_time_s * scale - _since_launch_s()))
-    world.call("job_event", host=host, rank=args.rank, what="ready")
-    if peers is not None and not peers.init():
-        return 1
+    # What the rank has done, told to the world with its next question (ground truth: never a
+    # round trip of its own, never before the job has printed it).
+    told = [{"what": "ready", "t_ns": time.monotonic_ns()}]  # the world's clock too (CLOCK_MONOTONIC)
+    if peers is not None:
+        if not peers.init(told):
+            return 1
+        told = []
     print(f"{host}:{os.getpid()}:{os.getpid()} [0] NCCL INFO comm 0x{id(world):x} rank {args.rank} "
           f"nranks {len(ranks)} cudaDev 0 busId 17000 - Init COMPLETE", flush=True)
     stall = _Stall(args.rank, timeout_s)
-    while True:  # a barrier: the first collective on the new communicator
+    comm = peers.comm if peers is not None else None
+    while True:  # a barrier: the first collective on the new communicator (entered as it is asked for)
         looked_ns = time.monotonic_ns()  # the world's clock: a change after this wakes the wait below
-        barrier = world.call("collective", collective="all_reduce", ranks=ranks, size_bytes=4, socket_ifname=ifname)
+        entered = time.monotonic()
+        barrier = world.call("collective", collective="all_reduce", ranks=ranks, size_bytes=4, socket_ifname=ifname,
+                             told=told, rank=args.rank, comm=comm, seq=0, wait_s=timeout_s)
+        told = []
         if barrier["time_s"] is not None:
             break
         if host in barrier.get("failed", []):  # its own GPU: CUDA fails at the first kernel
@@ -144,16 +159,22 @@ def main(argv: list[str] | None = None) -> int:
         if stall.expired(0, barrier.get("stalled")):
             return 1
         world.call("wait_change", timeout_s=min(1.0, timeout_s), since_ns=looked_ns)
-    if peers is not None and not peers.collective(0):
+    if peers is not None and not peers.collective(0, barrier["entered"], entered):
         return 1
     time.sleep(barrier["time_s"])
-    world.call("job_event", host=host, rank=args.rank, what="collective")
+    told.append({"what": "collective", "t_ns": time.monotonic_ns()})
     print(json.dumps({"event": "collective", "op": "barrier", "rank": args.rank}), flush=True)
     step = 0
     while step < args.steps:
-        looked_ns = time.monotonic_ns()
+        # One round trip a step: what the rank did since it last asked (the last step's end),
+        # this step's cost, and (where it can run) this rank in its all-reduce, as NCCL's ranks
+        # enter it together.
+        looked_ns = time.monotonic_ns()  # the world's clock: a change after this wakes the wait below
+        entered = time.monotonic()
         cost = world.call("job_step", ranks=ranks, rank=args.rank, gradient_bytes=args.gradient_bytes,
-                          compute_time_s=args.compute_time_s, socket_ifname=ifname)
+                          compute_time_s=args.compute_time_s, socket_ifname=ifname, told=told, comm=comm,
+                          seq=step + 1, wait_s=timeout_s)
+        told = []
         if cost["failed"]:
             print(f"CUDA error: unspecified launch failure (GPU of {host} is lost, XID 79)", flush=True)
             return 1
@@ -163,17 +184,18 @@ def main(argv: list[str] | None = None) -> int:
             world.call("wait_change", timeout_s=min(1.0, timeout_s), since_ns=looked_ns)
             continue
         stall.since = None
-        if peers is not None and not peers.collective(step + 1):  # every rank in this step's all-reduce
+        if peers is not None and not peers.collective(step + 1, cost["entered"], entered):  # every rank in it
             return 1
         time.sleep(cost["step_time_s"])  # the emulated step's compute and communication
         step += 1
         done_ns = time.monotonic_ns()  # the world's clock too (CLOCK_MONOTONIC)
         # What a training script logs about itself; the harness does not take its rate from here.
-        # Printed first: the world's bookkeeping below is the emulator's, and must not delay what
-        # a host sees (every rank ends a step at once, and their calls to the world queue up).
         print(json.dumps({"step": step, "step_time_s": round(cost["step_time_s"], 6),
                           "samples_per_s": round(args.batch / cost["step_time_s"], 3)}), flush=True)
-        world.call("job_event", host=host, rank=args.rank, what="step", step=step, t_ns=done_ns)  # ground truth
+        told.append({"what": "step", "step": step, "t_ns": done_ns})
+    for event in told:  # the last step, told before the job ends
+        world.call("job_event", host=host, rank=args.rank, what=event["what"], step=event.get("step"),
+                   t_ns=event["t_ns"])
     return 0
 
 

@@ -31,7 +31,16 @@ class WorldLinks(SysfsLinks):
         return self.nic_of[interface]
 
     def state(self, interface: str) -> dict:
-        link = self.world.call("link", host=self.host, nic=self._nic(interface))
+        return self._shown(interface, self.world.call("link", host=self.host, nic=self._nic(interface)))
+
+    def states(self) -> list[dict]:
+        """Every link at once (one question to the world, as one look at /sys/class/net)."""
+        interfaces = self.interfaces()
+        links = self.world.call("links", host=self.host, nics=[self._nic(i) for i in interfaces])
+        return [self._shown(i, link) for i, link in zip(interfaces, links)]
+
+    def _shown(self, interface: str, link: dict) -> dict:
+        """What the host's kernel shows of a link, stamped when the agent read it."""
         return {"interface": interface, "carrier": link["carrier"], "operstate": link["operstate"],
                 "t_ns": self.clock_ns(), **{k: link[k] for k in ("carrier_changes", "carrier_up_count",
                                                                    "carrier_down_count", "speed_mbps") if k in link}}

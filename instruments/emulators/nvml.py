@@ -4,6 +4,7 @@ what gets tested. Constants (``NVML_*``, ``nvmlEventType*``) are pynvml's own.""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import pynvml
@@ -29,9 +30,15 @@ class _EventData:
 
 
 class FakeNvml:
+    """The host's GPUs as the world has them. Every query of the device count reads them from
+    the world; the per-device reads that follow it in the same thread read that answer (the
+    agent's NVML code starts every query, health or devices, with the count), so that one
+    health query is one question to the world, not one per field."""
+
     def __init__(self, world, host: str):
         self.world = world  # a WorldClient
         self.host = host
+        self._read = threading.local()  # .gpus: this thread's last read of the world
         self._initialised = False
         self._seen_events = 0
         self._registered: set[int] = set()
@@ -42,10 +49,16 @@ class FakeNvml:
             raise AttributeError(f"the emulated NVML has no {name}")
         return value
 
+    def _gpus(self) -> list[dict]:
+        self._read.gpus = self.world.call("gpus", host=self.host)
+        return self._read.gpus
+
     def _gpu(self, handle: _Handle) -> dict:
         if not self._initialised:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
-        gpus = self.world.call("gpus", host=self.host)
+        gpus = getattr(self._read, "gpus", None)
+        if gpus is None:
+            gpus = self._gpus()
         if not 0 <= handle.index < len(gpus):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         gpu = gpus[handle.index]
@@ -65,10 +78,13 @@ class FakeNvml:
     def nvmlDeviceGetCount(self) -> int:
         if not self._initialised:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
-        return len(self.world.call("gpus", host=self.host))
+        return len(self._gpus())
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
-        if not 0 <= index < self.nvmlDeviceGetCount():
+        if not self._initialised:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        gpus = getattr(self._read, "gpus", None)
+        if not 0 <= index < len(gpus if gpus is not None else self._gpus()):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return _Handle(index)
 

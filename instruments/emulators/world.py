@@ -139,7 +139,10 @@ class World:
         self.now_ns = clock_ns
         self.time_scale = bench.emulator.time_scale
         self.lock = threading.RLock()
-        self.changed = threading.Condition(self.lock)
+        self.changed = threading.Condition(self.lock)  # anything recorded: light, GPUs, the jobs' events
+        # Light, ports, switch and GPUs only: what a host's links and NVML wait on. The jobs'
+        # bookkeeping (a step told, many a second) does not wake them.
+        self.physics_changed = threading.Condition(self.lock)
         switch = bench.switch
         self.ingress_ports = switch.ingress_ports
         self.egress_ports = switch.egress_ports
@@ -189,6 +192,11 @@ class World:
         self._port_versions: dict[int, int] = {}
         self._since_cache: dict[int, tuple] = {}
         self._transitions: dict[tuple[str, str], tuple[int, list]] = {}
+        # (light version, from, until, fabric): the optical fabric while nothing can change it
+        self._fabric_cache: tuple | None = None
+        self._counters: dict[tuple[str, str], tuple] = {}  # (host, nic) -> (version, from, until, counters)
+        self._costs: dict[tuple, tuple] = {}  # the last collectives' costs, by fabric and what was asked
+        self._next_change: tuple | None = None  # (light version, from, until, the next change the world makes)
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -201,15 +209,17 @@ class World:
         worked something out at one version knows whether it may still hold."""
         return self._light_version
 
-    def _notify(self) -> None:
-        """Wake every wait for a change (under the lock)."""
+    def _notify(self, physics: bool = True) -> None:
+        """Wake every wait for a change (under the lock); with ``physics``, the hosts' waits too."""
         self._changed_ns = self.now_ns()
         self.changed.notify_all()
+        if physics:
+            self.physics_changed.notify_all()
 
     def record(self, t_ns: int, kind: str, subject: str, **detail) -> None:
         with self.lock:
             self.events.append(WorldEvent(t_ns, kind, subject, detail))
-            self._notify()
+            self._notify(physics=not kind.startswith("job."))
 
     def events_of(self, kind: str, subject: str | None = None) -> list[WorldEvent]:
         with self.lock:
@@ -672,10 +682,23 @@ class World:
             return list(out)
 
     def carrier_counters(self, host: str, nic: str, t_ns: int | None = None) -> dict[str, int]:
-        states = [s for _, s in self.link_transitions(host, nic, t_ns)]
-        ups = sum(1 for a, b in zip(["dark"] + states, states) if b == "up" and a != "up")
-        downs = sum(1 for a, b in zip(states, states[1:]) if a == "up" and b != "up")
-        return {"carrier_up_count": ups, "carrier_down_count": downs, "carrier_changes": ups + downs}
+        spec, _ = self._nic(host, nic)
+        with self.lock:
+            t = self.now_ns() if t_ns is None else t_ns  # (under the lock: see optical_fabric)
+            # Kept while the light at the receiver is as it was and no change is due: a host
+            # reads its counters with every look at its links.
+            version = self._version_of(spec.rx_port)
+            cached = self._counters.get((host, nic))
+            if t_ns is None and cached is not None and cached[0] == version and cached[1] <= t < cached[2]:
+                return dict(cached[3])
+            states = [s for _, s in self.link_transitions(host, nic, t)]
+            ups = sum(1 for a, b in zip(["dark"] + states, states) if b == "up" and a != "up")
+            downs = sum(1 for a, b in zip(states, states[1:]) if a == "up" and b != "up")
+            counters = {"carrier_up_count": ups, "carrier_down_count": downs, "carrier_changes": ups + downs}
+            if t_ns is None:
+                upcoming = self.next_link_change_ns(host, nic, t)
+                self._counters[(host, nic)] = (version, t, 2**63 if upcoming is None else upcoming, counters)
+            return dict(counters)
 
     def next_link_change_ns(self, host: str, nic: str, t_ns: int | None = None) -> int | None:
         """The next instant the link state may change on its own (lock, up, a flap, or a
@@ -701,24 +724,37 @@ class World:
     def optical_fabric(self, t_ns: int | None = None) -> Fabric:
         """One link per ordered host pair: every lit circuit from the first host's transmitters
         to the second's receivers whose receiving link is up, their rates added (NCCL spreads
-        over several NICs)."""
-        t = self.now_ns() if t_ns is None else t_ns
-        latency = self.bench.collectives.optical_hop_latency_us.value
-        links: dict = {}
+        over several NICs). Kept until the light changes or the next instant one of those
+        links, or a beam still settling, is due to change (every step of a job asks for it)."""
         with self.lock:
+            # "Now" read under the lock: a command that got the lock first is in the past of it
+            # (read before, the fabric of an instant before a change would be kept after it).
+            t = self.now_ns() if t_ns is None else t_ns
+            cached = self._fabric_cache
+            if t_ns is None and cached is not None and cached[0] == self._light_version and cached[1] <= t < cached[2]:
+                return cached[3]
+            latency = self.bench.collectives.optical_hop_latency_us.value
+            links: dict = {}
+            until = 2**63
             for c in self.live_circuits(t):
-                if not c.lit_at(t) or c.ingress not in self.sources or c.egress not in self.sinks:
+                if c.ingress not in self.sources or c.egress not in self.sinks:
                     continue
                 a, a_nic = self.sources[c.ingress].owner.split(".", 1)
                 b, b_nic = self.sinks[c.egress].owner.split(".", 1)
-                if self.link_state(b, b_nic, t)[0] != "up":
+                upcoming = self.next_link_change_ns(b, b_nic, t)
+                if upcoming is not None:
+                    until = min(until, upcoming)
+                if not c.lit_at(t) or self.link_state(b, b_nic, t)[0] != "up":
                     continue
                 tx, rx = self._nic(a, a_nic)[0], self._nic(b, b_nic)[0]
                 rate = min(tx.rate_gbps * self.hosts[a].emulation.link_rate_factor,
                            rx.rate_gbps * self.hosts[b].emulation.link_rate_factor)
                 old = links.get(("optical", a, b))
                 links[("optical", a, b)] = Link((old.capacity_gbps if old else 0.0) + rate, latency)
-        return Fabric(links, lambda x, y: (("optical", x, y),) if ("optical", x, y) in links else None)
+            fabric = Fabric(links, lambda x, y: (("optical", x, y),) if ("optical", x, y) in links else None)
+            if t_ns is None:  # (an instant asked about is worked out, never kept)
+                self._fabric_cache = (self._light_version, t, until, fabric)
+            return fabric
 
     def electrical_fabric(self, ranks: list[str]) -> Fabric:
         """Each server's NIC to its rack's packet switch; traffic to another rack crosses the
@@ -734,18 +770,40 @@ class World:
     def collective_cost(self, collective: str, ranks: list[str], size_bytes: int, fabric: str = "optical",
                         t_ns: int | None = None) -> Cost:
         """The physical time of one collective now (unscaled). Raises NoPath when two ranks that
-        must talk have no link up between them."""
+        must talk have no link up between them. The same collective on the same fabric costs
+        the same: the last answers are kept (every rank asks at every step)."""
         settings = self.bench.collectives
-        net = self.electrical_fabric(ranks) if fabric == "electrical" else self.optical_fabric(t_ns)
-        return collective_cost(collective, ranks, size_bytes, net, step_latency_us=settings.step_latency_us.value,
+        key = (fabric, collective, tuple(ranks), size_bytes)
+        net = None if fabric == "electrical" else self.optical_fabric(t_ns)  # the electrical rack never changes
+        with self.lock:
+            known = self._costs.get(key)
+            if known is not None and known[0] is net:
+                return known[1]
+        if net is None:
+            net = self.electrical_fabric(ranks)
+        cost = collective_cost(collective, ranks, size_bytes, net, step_latency_us=settings.step_latency_us.value,
                                rings=settings.rings)
+        with self.lock:
+            if len(self._costs) > 64:
+                self._costs.clear()
+            self._costs[key] = (None if fabric == "electrical" else net, cost)
+        return cost
 
     def next_change_ns(self, t_ns: int | None = None) -> int | None:
         """The next instant the world changes on its own, with no command: a beam settling, a
         link locking, coming up or flapping."""
-        t = self.now_ns() if t_ns is None else t_ns
-        instants = [self.next_link_change_ns(h.name, n.name, t) for h, n in self.bench.nic_ports()]
-        return min((x for x in instants if x is not None), default=None)
+        with self.lock:
+            t = self.now_ns() if t_ns is None else t_ns
+            # Kept while the light is as it was: from the instant it was worked out until the
+            # change it found, nothing else happens on its own (every stalled rank asks it).
+            kept = self._next_change
+            if kept is not None and kept[0] == self._light_version and kept[1] <= t < kept[2]:
+                return kept[3]
+            instants = [self.next_link_change_ns(h.name, n.name, t) for h, n in self.bench.nic_ports()]
+            nxt = min((x for x in instants if x is not None), default=None)
+            if t >= self._changed_ns:  # (an instant before the last change is worked out, never kept)
+                self._next_change = (self._light_version, t, 2**63 if nxt is None else nxt, nxt)
+            return nxt
 
     def wait_for_change(self, timeout_s: float, since_ns: int | None = None) -> None:
         """Until something changes: a command, a fault, or a change the world makes on its own

@@ -50,6 +50,7 @@ class WorldService:
     def __init__(self, world: World, host: str = "127.0.0.1"):
         self.world = world
         self.comms = Communicators()
+        self._links: dict[tuple[str, str], tuple] = {}  # (host, nic) -> (light version, from, until, what it showed)
         self._server = _Server((host, 0), _Handler)
         self._server.service = self  # type: ignore[attr-defined]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
@@ -93,17 +94,30 @@ class WorldService:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return {"seq": None}
-                world.changed.wait(remaining)
+                world.physics_changed.wait(remaining)
 
     def rpc_link(self, host: str, nic: str) -> dict:
         """What the host's kernel shows in /sys/class/net/<if>/: carrier, operstate and the
-        carrier counters. No instants: the agent stamps what it sees, as on a real host."""
-        state, _ = self.world.link_state(host, nic)
-        up = state == "up"
-        spec, _ = self.world._nic(host, nic)
-        return {"carrier": 1 if up else 0, "operstate": "up" if up else ("lowerlayerdown" if state == "dark" else "down"),
-                "speed_mbps": int(spec.rate_gbps * 1000) if up else None,  # as sysfs: no speed while down
-                **self.world.carrier_counters(host, nic)}
+        carrier counters. No instants: the agent stamps what it sees, as on a real host. Kept
+        while the light at the receiver is as it was and until its next change on its own (a
+        host's every look at its links asks it)."""
+        world = self.world
+        spec, _ = world._nic(host, nic)
+        with world.lock:
+            t = world.now_ns()  # (under the lock: a command that got it first is in the past of t)
+            version = world._version_of(spec.rx_port)
+            kept = self._links.get((host, nic))
+            if kept is not None and kept[0] == version and kept[1] <= t < kept[2]:
+                return dict(kept[3])
+            state, _ = world.link_state(host, nic, t)
+            up = state == "up"
+            shown = {"carrier": 1 if up else 0,
+                     "operstate": "up" if up else ("lowerlayerdown" if state == "dark" else "down"),
+                     "speed_mbps": int(spec.rate_gbps * 1000) if up else None,  # as sysfs: no speed while down
+                     **world.carrier_counters(host, nic)}
+            upcoming = world.next_link_change_ns(host, nic, t)
+            self._links[(host, nic)] = (version, t, 2**63 if upcoming is None else upcoming, shown)
+            return dict(shown)
 
     def rpc_nics(self, host: str) -> dict[str, str]:
         """The host's optical interfaces as its kernel lists them: interface -> the NIC it is."""
@@ -114,6 +128,11 @@ class WorldService:
     def rpc_set_transmitter(self, host: str, nic: str, on: bool) -> int:
         """A host's agent turns a NIC's laser off or on."""
         return self.world.set_transmitter(host, nic, bool(on))
+
+    def rpc_links(self, host: str, nics: list[str]) -> list[dict]:
+        """``link`` for each of a host's NICs, at one instant (what a host reads of all its links)."""
+        with self.world.lock:
+            return [self.rpc_link(host, nic) for nic in nics]
 
     def rpc_wait_link_event(self, host: str, nic: str, carrier: int, timeout_s: float) -> bool:
         """What netlink's RTNLGRP_LINK gives a real host: a wake-up when the link's carrier is no
@@ -135,7 +154,7 @@ class WorldService:
                 nxt = world.next_link_change_ns(host, nic, t)
                 if nxt is not None:
                     remaining = min(remaining, max(0.0, (nxt - world.now_ns()) / 1e9) + 5e-5)
-                world.changed.wait(remaining)
+                world.physics_changed.wait(remaining)
 
     def rpc_job_event(self, host: str, rank: int, what: str, step: int | None = None, t_ns: int | None = None) -> int:
         """The emulated job says what it just did ("ready", "step") and when (the same clock);
@@ -144,10 +163,15 @@ class WorldService:
         self.world.record(t, f"job.{what}", host, rank=rank, step=step)
         return t
 
-    def rpc_collective(self, collective: str, ranks: list[str], size_bytes: int, socket_ifname: str | None = None) -> dict:
+    def rpc_collective(self, collective: str, ranks: list[str], size_bytes: int, socket_ifname: str | None = None,
+                       told: list[dict] | None = None, rank: int | None = None, comm: int | None = None,
+                       seq: int | None = None, wait_s: float = 0.0) -> dict:
         """What one collective costs now, on the fabric NCCL_SOCKET_IFNAME picks: the time in
         the world's (scaled) seconds and in physical seconds, or why it cannot complete (a
-        failed peer, no path)."""
+        failed peer, no path). A rank of an emulated job may say in the same round trip what
+        it has done (``told``, see :meth:`_tell`) and, where the collective can run, enter it
+        (``comm``, ``seq``: as ``comm_enter``; ``entered``: its answer)."""
+        self._tell(ranks, rank, told)
         world = self.world
         failed = [h for h in ranks if h in world.hosts and world.host_failed(h)]
         if failed:
@@ -159,25 +183,49 @@ class WorldService:
             return {"time_s": None, "stalled": f"{fabric}: {exc}"}
         # time_s: how long to wait, at the bench's time scale; physical_s: what the collective
         # truly costs on this fabric (what a program reports, at any time scale).
-        return {"time_s": world.scaled_ns(cost.time_s) / 1e9, "physical_s": cost.time_s, "fabric": fabric,
-                "algorithm": cost.algorithm, "corrupt": any(world.corrupts_data(h) for h in ranks)}
+        out = {"time_s": world.scaled_ns(cost.time_s) / 1e9, "physical_s": cost.time_s, "fabric": fabric,
+               "algorithm": cost.algorithm, "corrupt": any(world.corrupts_data(h) for h in ranks)}
+        if comm is not None:
+            out["entered"] = self.rpc_comm_enter(comm, rank, seq, wait_s)
+        return out
+
+    def _tell(self, ranks: list[str], rank: int | None, told: list[dict] | None) -> None:
+        """What a rank of an emulated job has done since it last asked (``{"what": "step",
+        "step": N, "t_ns": T}``, ``{"what": "collective", "t_ns": T}``...), recorded as
+        ``job_event`` records it: told with its next question, so that telling costs the job no
+        round trip of its own (and, as before, never delays what the job prints)."""
+        for event in told or ():
+            self.rpc_job_event(ranks[rank], rank, event["what"], step=event.get("step"), t_ns=event.get("t_ns"))
 
     def rpc_job_step(self, ranks: list[str], rank: int, gradient_bytes: float, compute_time_s: float,
-                     socket_ifname: str | None = None) -> dict:
+                     socket_ifname: str | None = None, told: list[dict] | None = None, comm: int | None = None,
+                     seq: int | None = None, wait_s: float = 0.0) -> dict:
         """What one data-parallel step costs now: compute, then an all-reduce of the gradients
-        over the fabric the job's NCCL_SOCKET_IFNAME picks (instruments/collectives.py)."""
+        over the fabric the job's NCCL_SOCKET_IFNAME picks (instruments/collectives.py). In the
+        same round trip, as a rank's step goes: what it has done since it last asked (``told``,
+        the previous step's end: the ground truth) is recorded; and with ``comm``, where the
+        step can run, the rank enters its all-reduce ``seq`` and waits (a slice at most) for the
+        others, as ``comm_enter`` (``entered``: its answer)."""
         world = self.world
         host = ranks[rank]
+        self._tell(ranks, rank, told)
         if host in world.hosts and world.host_failed(host):
             return {"failed": True, "step_time_s": None}
-        comm = self.rpc_collective("all_reduce", ranks, int(gradient_bytes), socket_ifname)
-        if comm["time_s"] is None:
-            return {"failed": False, "step_time_s": None, "stalled": comm["stalled"]}
-        return {"failed": False, "step_time_s": world.scaled_ns(compute_time_s) / 1e9 + comm["time_s"],
-                "fabric": comm["fabric"]}
+        cost = self.rpc_collective("all_reduce", ranks, int(gradient_bytes), socket_ifname)
+        if cost["time_s"] is None:
+            return {"failed": False, "step_time_s": None, "stalled": cost["stalled"]}
+        out = {"failed": False, "step_time_s": world.scaled_ns(compute_time_s) / 1e9 + cost["time_s"],
+               "fabric": cost["fabric"]}
+        if comm is not None:
+            out["entered"] = self.rpc_comm_enter(comm, rank, seq, wait_s)
+        return out
 
-    def rpc_comm_join(self, key: str, nranks: int, rank: int, pid: int, wait_s: float) -> dict:
-        """An emulated rank joins its job's NCCL communicator (instruments/emulators/communicator.py)."""
+    def rpc_comm_join(self, key: str, nranks: int, rank: int, pid: int, wait_s: float, ranks: list[str] | None = None,
+                      told: list[dict] | None = None) -> dict:
+        """An emulated rank joins its job's NCCL communicator (instruments/emulators/communicator.py),
+        having said what it has done (``told``, with ``ranks``: its being ready)."""
+        if ranks is not None:
+            self._tell(ranks, rank, told)
         return self.comms.join(key, int(nranks), int(rank), int(pid), float(wait_s))
 
     def rpc_comm_enter(self, comm: int, rank: int, seq: int, wait_s: float) -> dict:

@@ -24,6 +24,7 @@ import time
 import traceback
 
 from lumion_hil.instruments.gpu_host import wire
+from lumion_hil.instruments.threads import WORKERS
 from lumion_hil.instruments.gpu_host.jobs import JobControl
 from lumion_hil.instruments.backend import AGENT_FAULTS
 from lumion_hil.instruments.gpu_host.links import SysfsLinks
@@ -62,7 +63,7 @@ class Agent:
         return self.gpus.wait_xid(timeout_s)
 
     def rpc_links(self) -> list:
-        return [self.links.state(i) for i in self.links.interfaces()]
+        return self.links.states()
 
     def rpc_link(self, interface: str) -> dict:
         return self.links.state(interface)
@@ -181,7 +182,7 @@ class Agent:
                         os._exit(137)
                     if "drop" in self.faults:  # the session ends; the agent leaves as it does on EOF
                         break
-                threading.Thread(target=self._handle, args=(request,), daemon=True).start()
+                WORKERS.submit(self._handle, request)  # each request answered on its own (kept) thread
                 if request.get("method") == "bye":
                     break
         finally:

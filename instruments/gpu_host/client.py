@@ -18,6 +18,10 @@ from lumion_hil.instruments.protocols import (ClockMapping, GpuHost, InstrumentE
 # Calls that only read the host: after the agent's session is lost, the client starts it again and
 # asks once more (nothing on the host changes by asking twice).
 READ_ONLY = frozenset({"hello", "clock", "devices", "health", "links", "link", "job_status", "job_steps"})
+# How long an agent may take to answer its first request: its process starting (an interpreter and
+# its imports, through ssh on a remote host), which no time scale shortens and a busy machine
+# lengthens. Later requests get the client's own timeout.
+START_S = 10.0
 
 
 def local_agent_argv(python: str = sys.executable, *extra: str) -> list[str]:
@@ -53,7 +57,7 @@ class AgentClient(GpuHost, TransmitterControl):
         self.restarts = 0
         self._start()
         try:
-            self.hello = self.call("hello")
+            self.hello = self.call("hello", max(self.timeout_s, START_S))
             self.clock = self.sync_clock()
         except BaseException:
             self.close()
@@ -90,6 +94,10 @@ class AgentClient(GpuHost, TransmitterControl):
                 return  # another caller already started a new one
             self._start()
             self.restarts += 1
+            try:
+                self._call_once("hello", max(self.timeout_s, START_S), {})  # started (see START_S)
+            except _Gone as gone:
+                raise gone.error from None
             self.clock = self.sync_clock(restart=False)  # a session that dies again is an error, not a loop
 
     def _decode(self, line: bytes) -> dict | None:

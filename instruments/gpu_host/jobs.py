@@ -25,6 +25,7 @@ its steps, and ``checkpoint_saved`` (with its ``step``) as it saves them.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -68,9 +69,21 @@ def fill_template(template: list[str], fields: dict) -> list[str]:
     return [_PLACEHOLDER.sub(fill, arg) for arg in template]
 
 
+def _popen(argv: list[str], env: dict) -> subprocess.Popen:
+    """A rank's process: its own session (so that it and whatever it starts are signalled as one
+    process group), stdout and stderr on one pipe, stdin closed."""
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=env, start_new_session=True)
+
+
 class JobControl:
-    def __init__(self, log_dir: str, clock_ns=time.monotonic_ns, offset_ns: int = 0, read_latency_s: float = 0.0):
+    def __init__(self, log_dir: str, clock_ns=time.monotonic_ns, offset_ns: int = 0, read_latency_s: float = 0.0,
+                 popen=_popen):
         self.log_dir = Path(log_dir)
+        # How a rank's process is started: (argv, env) -> a Popen (or an object with its poll,
+        # wait, pid, returncode and stdout), as _popen starts it. An emulated host's agent
+        # starts its emulated ranks from a fork server (instruments/emulators/forkserver.py).
+        self.popen = popen
         self.read_latency_s = read_latency_s  # emulated: how late the job's lines reach the agent (a defect)
         self.clock_ns = clock_ns
         self.offset_ns = offset_ns  # what the agent adds to CLOCK_MONOTONIC (tests of clock mapping)
@@ -81,10 +94,10 @@ class JobControl:
         self._argv: list[str] = []
         self._fields: dict = {}
         self._exit_ns: int | None = None
-        self._tail: list[str] = []
-        self._steps: list[tuple[int, int]] = []  # (step, agent clock when its line was read)
-        self._events: list[dict] = []
-        self._errors: list[str] = []
+        self._tail: collections.deque[str] = collections.deque(maxlen=20)
+        self._steps: collections.deque[tuple[int, int]] = collections.deque(maxlen=_HISTORY)  # (step, when read)
+        self._events: collections.deque[dict] = collections.deque(maxlen=_HISTORY)
+        self._errors: collections.deque[str] = collections.deque(maxlen=_ERRORS_KEPT)
 
     def start(self, template: list[str], fields: dict, env: dict | None = None) -> dict:
         if self._proc is not None and self._proc.poll() is None:
@@ -93,12 +106,11 @@ class JobControl:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"rank{fields.get('rank', 0)}.log"
         with self._changed:
-            self._progress, self._exit_ns, self._tail, self._steps, self._events = {}, None, [], [], []
-            self._errors = []
+            self._progress, self._exit_ns = {}, None
+            for kept in (self._tail, self._steps, self._events, self._errors):
+                kept.clear()
             try:
-                self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                              stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                              start_new_session=True)
+                self._proc = self.popen(argv, {**os.environ, **(env or {})})
             except OSError as exc:
                 raise JobError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
             self._started_ns, self._argv, self._fields = self.clock_ns(), argv, dict(fields)
@@ -119,16 +131,16 @@ class JobControl:
                 with self._changed:
                     if proc is not self._proc:  # an earlier job's last words, read after the next one started
                         continue
-                    self._tail = (self._tail + [line])[-20:]
+                    self._tail.append(line)
                     if ERROR_LINE.search(line):
-                        self._errors = (self._errors + [line])[-_ERRORS_KEPT:]
+                        self._errors.append(line)
                     if progress is not None:
                         own = progress.pop("t_monotonic_ns", None)
                         claimed = own + self.offset_ns if isinstance(own, int) else None
                         self._progress = {**progress, "t_ns": seen_ns, "claimed_ns": claimed, "stamped_by": "agent"}
-                        self._steps = (self._steps + [(progress["step"], seen_ns)])[-_HISTORY:]
+                        self._steps.append((progress["step"], seen_ns))
                     if event is not None:
-                        self._events = (self._events + [{**event, "t_ns": seen_ns}])[-_HISTORY:]
+                        self._events.append({**event, "t_ns": seen_ns})
                     self._changed.notify_all()
         proc.wait()
         with self._changed:
@@ -167,7 +179,7 @@ class JobControl:
                     "returncode": None if proc is None or running else proc.returncode,
                     "started_ns": self._started_ns, "exit_ns": self._exit_ns, "argv": self._argv,
                     "fields": dict(self._fields),
-                    "progress": dict(self._progress), "last_lines": list(self._tail[-5:]),
+                    "progress": dict(self._progress), "last_lines": list(self._tail)[-5:],
                     "error_lines": list(self._errors)}
 
     def steps(self, after_step: int = 0) -> list[tuple[int, int]]:
@@ -191,7 +203,7 @@ class JobControl:
                 remaining = deadline - time.monotonic()
                 if found or exited or remaining <= 0:
                     return {"event": found, "timed_out": found is None and not exited, "running": not exited,
-                            "last_lines": list(self._tail[-5:])}
+                            "last_lines": list(self._tail)[-5:]}
                 self._changed.wait(remaining)
 
     def wait_step(self, step: int, timeout_s: float) -> dict:

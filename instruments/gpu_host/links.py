@@ -45,6 +45,10 @@ class SysfsLinks:
         out["speed_mbps"] = int(speed) if speed and speed.isdigit() else None
         return out
 
+    def states(self) -> list[dict]:
+        """Every interface's state: what the agent's ``links`` answers."""
+        return [self.state(i) for i in self.interfaces()]
+
     # -- the transmitter (the fibre walk of lumion-hil bench wiring) --------------------------------
 
     def set_transmitter(self, interface: str, on: bool) -> dict:
