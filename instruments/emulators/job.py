@@ -25,6 +25,21 @@ import time
 from lumion_hil.instruments.emulators.world_client import WorldClient
 
 
+def _launched_s_ago() -> float:
+    """How long ago this process was started (Linux: /proc/self/stat, to half a clock tick),
+    0 where that cannot be read. The emulated start-up counts from there: the interpreter's own
+    start is part of the launch the job emulates, not added to it (it is software that a busy
+    machine slows by tenths of a second, which would drown the start-up the bench file sets)."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as fh:
+            after_name = fh.read().rsplit(")", 1)[1].split()  # from field 3 (state) on
+        ticks = os.sysconf("SC_CLK_TCK")
+        started_s = (int(after_name[19]) + 0.5) / ticks  # field 22: starttime, clock ticks since boot
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started_s)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+
+
 class _Peers:
     """This rank's side of the job's communicator, in the world service."""
 
@@ -112,7 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     timeout_s = args.nccl_timeout_s * scale
     peers = None if args.all_ranks_here else _Peers(world, f"{args.master_port}/{args.ranks}", len(ranks), args.rank,
                                                     timeout_s)
-    time.sleep(args.startup_time_s * scale)  # emulated process launch and communicator set-up
+    # emulated process launch and communicator set-up, from the process's start
+    launched_s, startup_s = _launched_s_ago(), args.startup_time_s * scale
+    if launched_s > startup_s:  # the machine made this process's own start longer than the one it emulates
+        print(json.dumps({"event": "late_launch", "launch_s": round(launched_s, 4), "startup_s": round(startup_s, 4)}),
+              flush=True)
+    time.sleep(max(0.0, startup_s - launched_s))
     world.call("job_event", host=host, rank=args.rank, what="ready")
     if peers is not None and not peers.init():
         return 1
