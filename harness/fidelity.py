@@ -426,6 +426,9 @@ def _mapped(value: Any, mapping: list[tuple[str, str]]) -> Any:
     return value
 
 
+REPLAY_TIMEOUT_S = 30.0  # the longest a replayed exchange waits for its reply
+
+
 class Replayer:
     """Replays a transcript's exchanges against a bench (emulated): its own connections to each
     instrument, its own agents, the backend for the faults the recording's backend made."""
@@ -459,6 +462,9 @@ class Replayer:
                     raise ValueError(f"the transcript talks to instrument {name!r}, which bench {self.bench.name!r} "
                                      f"does not have (it has {', '.join(self.bench.instruments)})")
                 resource = backend.resources[name]
+                # The replay compares replies, and their timing as timing: an emulator slowed by a
+                # loaded machine past the instrument's own timeout still gives its reply here.
+                spec = spec.model_copy(update={"timeout_s": max(spec.timeout_s, REPLAY_TIMEOUT_S)})
                 if spec.model == "dicon-matrix":
                     self._channels[channel] = DiconMatrix(channel, resource, ingress=spec.ports[0],
                                                           egress=spec.ports[1], baud_rate=spec.baud_rate,
