@@ -46,17 +46,21 @@ class _Peers:
     def __init__(self, world, key: str, nranks: int, rank: int, timeout_s: float):
         self.world, self.key, self.nranks, self.rank, self.timeout_s = world, key, nranks, rank, timeout_s
         self.comm = None
+        self.late: list[int] = []  # ranks whose own process start outlasted the emulated start-up
 
-    def init(self) -> bool:
-        """ncclCommInitRank: until every rank has joined, or the timeout."""
+    def init(self, late: bool = False) -> bool:
+        """ncclCommInitRank: until every rank has joined, or the timeout. ``late``: this rank's
+        own process start outlasted the start-up it emulates."""
         until = time.monotonic() + self.timeout_s
         while True:
             left = until - time.monotonic()
             state = self.world.call("comm_join", key=self.key, nranks=self.nranks, rank=self.rank, pid=os.getpid(),
-                                    wait_s=max(0.0, left))
+                                    wait_s=max(0.0, left), late=late)
             if state["complete"]:
                 self.comm = state["comm"]
+                self.late = state.get("late") or []
                 return True
+
             if time.monotonic() >= until:
                 joined = self.nranks - len(state["missing"])
                 print(f"torch.distributed.DistStoreError: Timed out after {self.timeout_s:.3g} seconds waiting for "
@@ -129,13 +133,16 @@ def main(argv: list[str] | None = None) -> int:
                                                     timeout_s)
     # emulated process launch and communicator set-up, from the process's start
     launched_s, startup_s = _launched_s_ago(), args.startup_time_s * scale
-    if launched_s > startup_s:  # the machine made this process's own start longer than the one it emulates
-        print(json.dumps({"event": "late_launch", "launch_s": round(launched_s, 4), "startup_s": round(startup_s, 4)}),
-              flush=True)
+    late = launched_s > startup_s  # the machine made this process's own start longer than the one it emulates
     time.sleep(max(0.0, startup_s - launched_s))
     world.call("job_event", host=host, rank=args.rank, what="ready")
-    if peers is not None and not peers.init():
+    if peers is not None and not peers.init(late):
         return 1
+    if late or (peers is not None and peers.late):
+        # said, so that a start-up measured from outside can be left out: the job's first
+        # collective waited for the emulator's own process start, not for the bench file's start-up
+        print(json.dumps({"event": "late_launch", "ranks": peers.late if peers is not None else [args.rank],
+                          "startup_s": round(startup_s, 4)}), flush=True)
     print(f"{host}:{os.getpid()}:{os.getpid()} [0] NCCL INFO comm 0x{id(world):x} rank {args.rank} "
           f"nranks {len(ranks)} cudaDev 0 busId 17000 - Init COMPLETE", flush=True)
     stall = _Stall(args.rank, timeout_s)

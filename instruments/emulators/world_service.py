@@ -164,9 +164,9 @@ class WorldService:
         return {"failed": False, "step_time_s": world.scaled_ns(compute_time_s) / 1e9 + comm["time_s"],
                 "fabric": comm["fabric"]}
 
-    def rpc_comm_join(self, key: str, nranks: int, rank: int, pid: int, wait_s: float) -> dict:
+    def rpc_comm_join(self, key: str, nranks: int, rank: int, pid: int, wait_s: float, late: bool = False) -> dict:
         """An emulated rank joins its job's NCCL communicator (instruments/emulators/communicator.py)."""
-        return self.comms.join(key, int(nranks), int(rank), int(pid), float(wait_s))
+        return self.comms.join(key, int(nranks), int(rank), int(pid), float(wait_s), bool(late))
 
     def rpc_comm_enter(self, comm: int, rank: int, seq: int, wait_s: float) -> dict:
         """An emulated rank enters collective ``seq``: done once every rank has entered it."""
