@@ -42,12 +42,13 @@ import numpy as np
 from scipy import stats
 
 TRIM = 0.2  # each side's 20% most extreme samples weigh least (Yuen's trimmed means)
+MIN_SAMPLES = 3  # a side (or pairs) of fewer cannot show a difference at the rates used here: undecided
 
 # --- the false-alarm budget of a CI run ------------------------------------------------------
 
 CI_RUN_ALPHA = 0.01  # at most 1% of CI runs go red on a comparison of noisy figures without a real difference
 
-FIDELITY_ALPHA = 0.002  # one fidelity report, over all its kinds and ports
+FIDELITY_ALPHA = 0.005  # one fidelity report, over all its kinds and detectors
 TWIN_ALPHA = FIDELITY_ALPHA  # the mystery lab's twin, judged by a fidelity report on a recording it was not fitted to
 SUMMARY_ALPHA = 0.01  # one morning summary's regressions, over all its rows (a nightly's, not CI's: no history there)
 
@@ -151,7 +152,7 @@ def compare(before: Sequence[float], after: Sequence[float], *, margin: float, a
     x, y = _finite(before), _finite(after)
     level = 1 - 2 * alpha
     base = dict(what=what, unit=unit, n_before=len(x), n_after=len(y), margin=float(margin), alpha=alpha)
-    if paired and len(x) >= 2:
+    if paired and len(x) >= MIN_SAMPLES:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             return _paired(y - x, base, level, margin)
@@ -173,11 +174,11 @@ def _paired(differences: np.ndarray, base: dict, level: float, margin: float) ->
 
 
 def _compare(x: np.ndarray, y: np.ndarray, base: dict, level: float, margin: float) -> Decision:
+    if min(len(x), len(y)) < MIN_SAMPLES and not (min(len(x), len(y)) == 1 and max(len(x), len(y)) >= MIN_SAMPLES):
+        effect = float(np.mean(y) - np.mean(x))
+        return Decision(**base, effect=effect, low=None, high=None, verdict=Verdict.UNDECIDED, method="-",
+                        why=f"too few samples: at least {MIN_SAMPLES} a side (or one against {MIN_SAMPLES})")
     if min(len(x), len(y)) == 1:
-        if max(len(x), len(y)) < 3:
-            effect = float(np.mean(y) - np.mean(x))
-            return Decision(**base, effect=effect, low=None, high=None, verdict=Verdict.UNDECIDED, method="-",
-                            why="too few samples: one against fewer than three")
         # One new figure against several: the Student interval of a new observation.
         result = stats.ttest_ind(y, x, equal_var=True)
         method = "prediction interval (Student)"
@@ -215,8 +216,8 @@ def decidable(before: Sequence[float], after: Sequence[float], paired: bool = Fa
     samples (so that it takes a share of its family's false-alarm rate)."""
     a, b = len(_finite(before)), len(_finite(after))
     if paired:
-        return min(a, b) >= 2
-    return min(a, b) >= 2 or (min(a, b) == 1 and max(a, b) >= 3)
+        return min(a, b) >= MIN_SAMPLES
+    return min(a, b) >= MIN_SAMPLES or (min(a, b) == 1 and max(a, b) >= MIN_SAMPLES)
 
 
 # --- many decisions, one rate --------------------------------------------------------------------
@@ -229,7 +230,9 @@ def bonferroni(alpha: float, count: int) -> float:
 
 class Family:
     """Decisions that share one false-alarm rate: collect the comparisons, then ``decide()``
-    them all, each at ``alpha`` divided by the number that can be decided (Bonferroni)."""
+    them all, each at its share of ``alpha`` among those that can be decided (Bonferroni,
+    weighted: a decision of ``weight`` 0.1 gets a tenth of the share of one of weight 1, for
+    decisions whose effects dwarf their noise, so that the others keep the rate they need)."""
 
     def __init__(self, alpha: float, name: str = ""):
         self.alpha = alpha
@@ -237,17 +240,20 @@ class Family:
         self._pending: dict[Hashable, tuple] = {}
 
     def add(self, key: Hashable, before: Sequence[float], after: Sequence[float], *, margin: float,
-            what: str = "", unit: str = "", paired: bool = False) -> None:
+            what: str = "", unit: str = "", paired: bool = False, weight: float = 1.0) -> None:
         if key in self._pending:
             raise ValueError(f"{self.name or 'family'}: {key!r} is compared twice")
-        self._pending[key] = (list(before), list(after), margin, what or str(key), unit, paired)
+        if not weight > 0:
+            raise ValueError(f"{self.name or 'family'}: {key!r}'s weight is above 0, not {weight!r}")
+        self._pending[key] = (list(before), list(after), margin, what or str(key), unit, paired, weight)
 
     @property
     def size(self) -> int:
         """How many of the comparisons can be decided (each takes a share of the rate)."""
-        return sum(decidable(b, a, paired) for b, a, _, _, _, paired in self._pending.values())
+        return sum(decidable(b, a, paired) for b, a, _, _, _, paired, _ in self._pending.values())
 
     def decide(self) -> dict[Hashable, Decision]:
-        each = bonferroni(self.alpha, self.size)
-        return {key: compare(before, after, margin=margin, alpha=each, what=what, unit=unit, paired=paired)
-                for key, (before, after, margin, what, unit, paired) in self._pending.items()}
+        weights = sum(w for b, a, _, _, _, paired, w in self._pending.values() if decidable(b, a, paired)) or 1.0
+        return {key: compare(before, after, margin=margin, alpha=self.alpha * weight / weights, what=what, unit=unit,
+                             paired=paired)
+                for key, (before, after, margin, what, unit, paired, weight) in self._pending.items()}

@@ -665,6 +665,9 @@ PARAMETER_MARGIN = 0.05  # switching per connection (and its spread), NIC bring-
 LIGHT_MARGIN = 0.25  # light arrival: the harness's own polling of the meters is in it; of the recording's figure
 AGENT_MARGIN = 1.0  # a plain agent call's round trip: software, at wall time (never scaled); of the quicker side's
 POWER_MARGIN_DB = 0.25  # light at a detector (half of the 0.5 dB a lab must see; readings' noise: 0.02 dB)
+# A detector's light takes a tenth of a timing kind's share of the report's false-alarm rate: its
+# differences are tens of times its noise, the timings' a few times theirs.
+LIGHT_WEIGHT = 0.1
 
 
 def _paired(before: dict[int, float], after: dict[int, float]) -> tuple[list[float], list[float], bool]:
@@ -829,7 +832,7 @@ def compare(bench, recorded: list[dict], replayed: list[dict], time_scale: float
     light_samples = _light_samples(a, b)
     for (instrument, ingress, egress), (x, y) in sorted(light_samples.items()):
         family.add(("light", instrument, ingress, egress), x, y, margin=POWER_MARGIN_DB,
-                   what=f"light {ingress}->{egress} at {instrument}", unit="dB", paired=True)
+                   what=f"light {ingress}->{egress} at {instrument}", unit="dB", paired=True, weight=LIGHT_WEIGHT)
     decided = family.decide()
     switching = [decided[k] for k in ("switch per connection", "switch per connection (one-connection commands)",
                                       "switch per connection (multi-connection commands)")]

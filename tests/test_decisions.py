@@ -79,10 +79,12 @@ def test_a_family_shares_one_rate_among_the_decisions_it_can_make():
     family = decisions.Family(0.01, "fidelity")
     family.add("a", [1, 2, 3], [1, 2, 3], margin=1)
     family.add("b", [1, 2, 3], [4, 5, 6], margin=1)
-    family.add("c", [1], [2], margin=1)  # too few: takes no share
-    assert family.size == 2
+    family.add("c", [1, 2], [2, 3], margin=1)  # too few: takes no share
+    family.add("d", [1, 2, 3], [1, 2, 3], margin=1, weight=0.5)
+    assert family.size == 3
     decided = family.decide()
-    assert decided["a"].alpha == decided["b"].alpha == pytest.approx(0.005)
+    assert decided["a"].alpha == decided["b"].alpha == pytest.approx(0.004)
+    assert decided["d"].alpha == pytest.approx(0.002) and "at least 3 a side" in decided["c"].why
     with pytest.raises(ValueError, match="fidelity: 'a' is compared twice"):
         family.add("a", [1], [1], margin=1)
 

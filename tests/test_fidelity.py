@@ -127,7 +127,7 @@ def test_the_mystery_lab_is_named_by_fidelity_and_matched_by_its_twin(tmp_path):
     assert {"agent host1", "detector offset at port 21"} <= unexplained <= OPEN_WORLD, default.stdout
     # 3->22: both dirty connectors on one path (5 dB; the trimmed mean of readings with 0.02 dB of noise)
     assert re.search(r"light differs at ports 22 \(\+(4\.9[89]|5\.0[012]) dB\)", default.stdout), default.stdout
-    assert "false-alarm rate 0.20% for all of them together" in default.stdout
+    assert "false-alarm rate 0.50% for all of them together" in default.stdout
 
     twin = tmp_path / "twin.yaml"
     fitted = _cli("calibrate", str(fitted_on), "--bench", str(BENCHES / "emulated.yaml"), "-o", str(twin))
