@@ -125,7 +125,7 @@ class Analysis:
     # The exchange each sample above came from, in the same order (a replayed exchange keeps its
     # recorded place): the recording's and the replay's samples of one exchange are a pair.
     switch_at: list[int] = field(default_factory=list)
-    light_at: list[int] = field(default_factory=list)
+    light_at: list[tuple[int, int]] = field(default_factory=list)  # (exchange, port)
     agent_at: dict[str, list[int]] = field(default_factory=dict)
     job_start_at: dict[str, list[int]] = field(default_factory=dict)
 
@@ -241,7 +241,7 @@ def analyse(bench, entries: list[dict]) -> Analysis:
                 if (prev is not None and prev.dbm <= DARK_DBM < dbm and port in command_at
                         and command_at[port] > prev.done_ns - 1):
                     out.light.append((done - command_at[port]) / 1e9)
-                    out.light_at.append(index)
+                    out.light_at.append((index, port))  # one reading exchange may see light at several ports
                 last_reading[port] = reading
                 out.readings.append(reading)
         if kind == "agent" and not e.get("error"):
@@ -670,7 +670,7 @@ POWER_MARGIN_DB = 0.25  # light at a detector (half of the 0.5 dB a lab must see
 LIGHT_WEIGHT = 0.1
 
 
-def _paired(before: dict[int, float], after: dict[int, float]) -> tuple[list[float], list[float], bool]:
+def _paired(before: dict, after: dict) -> tuple[list[float], list[float], bool]:
     """The samples of the exchanges both sides have, as pairs (a replayed exchange keeps the
     recorded one's place, so its difference cancels what the two share: the command, the
     connections it made, the emulator's draw for them); where fewer than two pair, every sample
@@ -681,7 +681,7 @@ def _paired(before: dict[int, float], after: dict[int, float]) -> tuple[list[flo
     return list(before.values()), list(after.values()), False
 
 
-def _by_index(values: list[float], at: list[int]) -> dict[int, float]:
+def _by_index(values: list[float], at: list) -> dict:
     return dict(zip(at, values))
 
 
