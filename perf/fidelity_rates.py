@@ -80,6 +80,7 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(VARIANTS), help="benches to replay against: " + ", ".join(VARIANTS))
     parser.add_argument("--transcript", type=Path, help="replay this recording instead of making one")
     parser.add_argument("--keep", type=Path, help="keep the recording and every report that said DIFFERS here")
+    parser.add_argument("-k", dest="suites", default=SUITES, help=f"the suites recorded (pytest -k; default: {SUITES})")
     args = parser.parse_args()
     os.environ.setdefault("LUMION_HIL_LOCK_DIR", tempfile.mkdtemp(prefix="lumion-hil-locks-"))
     started = time.monotonic()
@@ -88,7 +89,7 @@ def main() -> None:
         if recording is None:
             results = Path(tmp) / "recorded"
             subprocess.run([sys.executable, "-m", "lumion_hil", "run", "--bench", str(BENCH), "--time-scale",
-                            str(args.time_scale), "--results", str(results), "--no-report", "-q", "-k", SUITES,
+                            str(args.time_scale), "--results", str(results), "--no-report", "-q", "-k", args.suites,
                             "--record"], cwd=ROOT, check=False, capture_output=True)
             recording = next((results / "records").glob("transcript-*.jsonl"))
         if args.keep is not None:
