@@ -35,9 +35,10 @@ def _launched_s_ago() -> float:
             after_name = fh.read().rsplit(")", 1)[1].split()  # from field 3 (state) on
         ticks = os.sysconf("SC_CLK_TCK")
         started_s = (int(after_name[19]) + 0.5) / ticks  # field 22: starttime, clock ticks since boot
-        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started_s)
+        ago = time.clock_gettime(time.CLOCK_BOOTTIME) - started_s
     except (OSError, ValueError, IndexError, AttributeError):
         return 0.0
+    return ago if 0.0 <= ago < 60.0 else 0.0  # beyond: a clock that is not the kernel's boot clock (a namespace)
 
 
 class _Peers:
