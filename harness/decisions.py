@@ -19,12 +19,17 @@ median of a few samples. Every decision:
   20%-trimmed means (Yuen): a sample that a loaded machine delayed moves it little; the
   interval is Welch-Yuen's at level 1 - 2 alpha (``scipy.stats.ttest_ind(trim=0.2,
   equal_var=False)``), so that ``differs`` is the interval lying wholly beyond the margin and
-  ``same`` the interval lying wholly within it. One figure against the nights before it (one
-  sample on one side) is judged by the Student interval of a new observation (a prediction
-  interval: the nights' own spread is the noise).
+  ``same`` the interval lying wholly within it. Paired samples (the same exchange recorded and
+  replayed) are judged on the trimmed mean of their differences, so that what a pair shares
+  cancels. One figure against the nights before it (one sample on one side) is judged by the
+  Student interval of a new observation (a prediction interval: the nights' own spread is the
+  noise);
+- needs at least ``MIN_SAMPLES`` samples a side (or pairs; or one against that many): with
+  fewer it is undecided, and says so.
 
 A verdict that makes many decisions holds one false-alarm rate for all of them together
-(``Family``: Bonferroni, each decision at alpha / the number of decisions that could be made).
+(``Family``: Bonferroni, each decision at its share of alpha among those that can be decided,
+shares weighted where some decisions' effects dwarf their noise).
 ``CI_LEDGER`` lists every family a CI run makes and its rate; their sum is the run's
 (``CI_RUN_ALPHA``, 1 %). The rates actually seen are measured by ``perf/flakes.py`` and
 ``perf/fidelity_rates.py``.
