@@ -93,6 +93,10 @@ class SwitchEmulation(_Model):
     monitor_floor_dbm: float = -50.0
     monitor_noise_db: NonNegativeFloat = 0.02
     command_latency_s: NonNegativeFloat = 0.0002
+    multi_connection_extra_s: NonNegativeFloat = Field(0.0, description="extra switching time of each connection "
+                                                       "in a command that makes two or more (a controller that "
+                                                       "moves a batch of beams more slowly; 0: none). lumion-hil "
+                                                       "calibrate does not fit it: fidelity names it unexplained")
     port_loss_db: dict[int, NonNegativeFloat] = Field(default={}, description="extra loss at some ports (a dirty "
                                                       "or damaged connector), port -> dB")
     connection_loss_db: dict[str, float] = Field(default={}, description="loss of some connections beyond "
@@ -140,6 +144,9 @@ class SwitchEmulation(_Model):
 
 class MeterEmulation(_Model):
     noise_db: NonNegativeFloat = 0.02
+    offset_db: float = Field(0.0, description="what every lit reading adds to the light at the port (a meter out "
+                             "of calibration; 0: none). lumion-hil calibrate does not fit it: fidelity names it "
+                             "unexplained where another detector sees the same port")
     dark_floor_dbm: float = -70.0
     min_sample_interval_s: PositiveFloat = 0.0001
     command_latency_s: NonNegativeFloat = 0.0002
@@ -242,6 +249,11 @@ class HostEmulation(_Model):
                                             "device setting, which may be worse than the lab's limit")
     lock_time_s: NonNegativeFloat = Field(0.005, description="light at the receiver to CDR lock")
     link_up_time_s: NonNegativeFloat = Field(0.1, description="lock to carrier up as the OS reports it")
+    management_latency_s: NonNegativeFloat = Field(0.0, description="round trip of the network between the "
+                                                   "harness and this host's agent, half each way (a remote or busy "
+                                                   "management network; 0: none; software time, never scaled). "
+                                                   "lumion-hil calibrate does not fit it: fidelity names it "
+                                                   "unexplained")
     agent_latency_s: NonNegativeFloat = Field(0.0, description="how late the host tells its agent of a link change "
                                               "or a line of the job's output (0: at once)")
     link_rate_factor: float = Field(1.0, gt=0, le=1, description="the fraction of its rate each optical link "

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from lumion_hil.harness import decisions
 from lumion_hil.instruments import transcript
 
 DARK_DBM = -40.0  # below this a detector sees no light (every emulated floor is under -50 dBm)
@@ -39,6 +40,8 @@ IDENTITY_METHODS = {"hello", "devices"}
 UNCOMPARED_KEYS = {"pid", "t_ns", "started_ns", "exit_ns", "remote_ns", "argv", "hostname", "last_lines", "stdout",
                    "stderr", "uuid", "progress", "step_time_s", "samples_per_s", "heartbeat", "fields", "event",
                    "steps", "seconds", "elapsed_s", "returncode",
+                   # whether a link was already up when its wait began: a matter of when it was asked
+                   "already",
                    # a link's carrier counters count flaps over its whole history: whether a link
                    # locked before its light went again is a matter of a few ms at the lock time,
                    # judged by the link_up kinds below (a CI replay counted 11 changes where the
@@ -51,9 +54,8 @@ POLL_METHODS = {"job_steps"}  # progress so far: one more or one fewer is a matt
 POLL_COMMANDS = re.compile(r":?SENS(?:e)?\d*:FUNC(?:tion)?:STAT(?:e)?\?$", re.IGNORECASE)
 FAST_METHODS = {"clock", "health", "links", "link", "job_status", "job_steps", "devices"}
 
-# Timing tolerances per kind: a median within max(rel x the recording's median, abs seconds).
-TOLERANCE = {"switch": (0.10, 0.002), "switch_per_connection": (0.10, 0.002), "switch_spread": (0.5, 0.0005),
-             "light": (0.25, 0.010), "link_up": (0.25, 0.010), "agent": (1.0, 0.005), "job_start": (0.15, 0.10)}
+# Numbers inside replies (other than the power readings, which are judged per detector below) are
+# the emulators' and the instruments' settings and states: the same within this.
 POWER_TOLERANCE_DB = 0.3
 
 
@@ -120,10 +122,23 @@ class Analysis:
     readings: list[Reading] = field(default_factory=list)
     paths: dict[int, tuple[int, int]] = field(default_factory=dict)  # reading index -> (ingress, egress) lit
     link_events: list[tuple] = field(default_factory=list)  # (exchange, host, rx port, lit, carrier up, alone)
+    # The exchange each sample above came from, in the same order (a replayed exchange keeps its
+    # recorded place): the recording's and the replay's samples of one exchange are a pair.
+    switch_at: list[int] = field(default_factory=list)
+    light_at: list[tuple[int, int]] = field(default_factory=list)  # (exchange, port)
+    agent_at: dict[str, list[int]] = field(default_factory=dict)
+    job_start_at: dict[str, list[int]] = field(default_factory=dict)
 
     def per_connection(self) -> list[float]:
         overhead = statistics.median(self.switch_overhead) if self.switch_overhead else 0.0
         return [max(0.0, d - overhead) / n for d, n in self.switch if n >= 1]
+
+    def per_connection_at(self, single: bool) -> dict[int, float]:
+        """Switching per connection, by exchange: of the commands that made one connection
+        (``single``), or of those that made several."""
+        overhead = statistics.median(self.switch_overhead) if self.switch_overhead else 0.0
+        return {at: max(0.0, d - overhead) / n for (d, n), at in zip(self.switch, self.switch_at)
+                if n >= 1 and (n == 1) == single}
 
 
 def analyse(bench, entries: list[dict]) -> Analysis:
@@ -139,7 +154,7 @@ def analyse(bench, entries: list[dict]) -> Analysis:
     dicon_started = 0
     last_reading: dict[int, Reading] = {}
     units: dict[tuple[str, int], str] = {}
-    job_started: dict[str, int] = {}
+    job_started: dict[str, tuple] = {}  # host -> (when asked, the agent's stamp of the process start)
     last_step: dict[str, tuple] = {}  # host -> (step waited for, when it came)
     nic_of = {(h.name, (n.interface or n.name)): n for h in bench.topology.hosts for n in h.nics}
     models = {name: spec.model for name, spec in bench.instruments.items()}
@@ -183,6 +198,7 @@ def analyse(bench, entries: list[dict]) -> Analysis:
                     state.clear()
                 elif command.upper().startswith("SYST:ERR?") and dicon_pending:
                     out.switch.append(((done - dicon_started) / 1e9, len(dicon_pending)))
+                    out.switch_at.append(index)
                     made(dicon_started, done, dicon_pending)
                     dicon_pending = []
                 continue
@@ -201,6 +217,7 @@ def analyse(bench, entries: list[dict]) -> Analysis:
                     if "*OPC?" in command.upper():
                         if new:
                             out.switch.append(((done - t) / 1e9, len(new)))
+                            out.switch_at.append(index)
                             made(t, done, new)
                         else:
                             out.switch_overhead.append((done - t) / 1e9)
@@ -224,18 +241,36 @@ def analyse(bench, entries: list[dict]) -> Analysis:
                 if (prev is not None and prev.dbm <= DARK_DBM < dbm and port in command_at
                         and command_at[port] > prev.done_ns - 1):
                     out.light.append((done - command_at[port]) / 1e9)
+                    out.light_at.append((index, port))  # one reading exchange may see light at several ports
                 last_reading[port] = reading
                 out.readings.append(reading)
         if kind == "agent" and not e.get("error"):
             method, result, host = e.get("method"), e.get("result"), e.get("name")
             if method in FAST_METHODS:
                 out.agent.setdefault(host, []).append((done - t) / 1e9)
+                out.agent_at.setdefault(host, []).append(index)
             elif method == "job_start":
-                job_started[host] = t
+                job_started[host] = (t, result.get("started_ns") if isinstance(result, dict) else None)
             elif method == "job_wait_step" and isinstance(result, dict) and result.get("reached"):
                 step = (e.get("params") or {}).get("step")
                 if step == 1 and host in job_started:
-                    out.job_start.setdefault(host, []).append((done - job_started.pop(host)) / 1e9)
+                    asked, started_ns = job_started.pop(host)
+                    progress = result.get("progress") or {}
+                    seen_ns = progress.get("t_ns")
+                    # On the host's own clock where it says (the process started, its first step's
+                    # line read): a wait for the step asked after the step came tells only when it
+                    # was asked. Else the harness's own times. Not counted: a start whose first
+                    # step the wait did not see (asked after later steps), and an emulated job
+                    # whose own process start, slowed by a busy machine, outlasted the start-up
+                    # it emulates (it says so: late_launch).
+                    late = any("late_launch" in str(line) for line in result.get("last_lines") or [])
+                    if isinstance(seen_ns, int) and isinstance(started_ns, int):
+                        start_s = (seen_ns - started_ns) / 1e9 if progress.get("step") == 1 else None
+                    else:
+                        start_s = (done - asked) / 1e9
+                    if start_s is not None and not late:
+                        out.job_start.setdefault(host, []).append(start_s)
+                        out.job_start_at.setdefault(host, []).append(index)
                 previous = last_step.get(host)
                 if previous is not None and isinstance(step, int) and step == previous[0] + 1:
                     out.step_s.append((done - previous[1]) / 1e9)
@@ -244,7 +279,8 @@ def analyse(bench, entries: list[dict]) -> Analysis:
                 stamps = [s[1] for s in result]
                 out.step_s += [(b - a) / 1e9 for a, b in zip(stamps, stamps[1:])]
             elif method == "wait_link" and isinstance(result, dict) and (e.get("params") or {}).get("up") \
-                    and result.get("carrier") == 1 and not result.get("timed_out") and e.get("remote_ns"):
+                    and result.get("carrier") == 1 and not result.get("timed_out") and e.get("remote_ns") \
+                    and not result.get("already"):  # up before the wait began: stamped when asked, not when it came
                 offset = offsets.get(host, (0, e["remote_ns"] - done))[1]
                 event = result.get("t_ns", 0) - offset
                 nic = nic_of.get((host, result.get("interface")))
@@ -390,6 +426,9 @@ def _mapped(value: Any, mapping: list[tuple[str, str]]) -> Any:
     return value
 
 
+REPLAY_TIMEOUT_S = 30.0  # the longest a replayed exchange waits for its reply
+
+
 class Replayer:
     """Replays a transcript's exchanges against a bench (emulated): its own connections to each
     instrument, its own agents, the backend for the faults the recording's backend made."""
@@ -423,6 +462,9 @@ class Replayer:
                     raise ValueError(f"the transcript talks to instrument {name!r}, which bench {self.bench.name!r} "
                                      f"does not have (it has {', '.join(self.bench.instruments)})")
                 resource = backend.resources[name]
+                # The replay compares replies, and their timing as timing: an emulator slowed by a
+                # loaded machine past the instrument's own timeout still gives its reply here.
+                spec = spec.model_copy(update={"timeout_s": max(spec.timeout_s, REPLAY_TIMEOUT_S)})
                 if spec.model == "dicon-matrix":
                     self._channels[channel] = DiconMatrix(channel, resource, ingress=spec.ports[0],
                                                           egress=spec.ports[1], baud_rate=spec.baud_rate,
@@ -615,19 +657,56 @@ class Distribution:
                    1.4826 * statistics.median(abs(x - median) for x in v))
 
 
-MIN_SAMPLES = 2  # a single sample is no distribution: shown, not judged
+# What difference matters, per kind, in the figure's own time base (the transcript's time scale):
+# a fraction of the bench-file parameter that governs the kind, scaled as the bench scales it.
+# A 10% change of a parameter is twice the margin: perf/fidelity_rates.py measures how often it is
+# named, and how often a replay against the bench that made the recording is called different.
+PARAMETER_MARGIN = 0.05  # switching per connection (and its spread), NIC bring-up, the job's start-up
+LIGHT_MARGIN = 0.25  # light arrival: the harness's own polling of the meters is in it; of the recording's figure
+AGENT_MARGIN = 1.0  # a plain agent call's round trip: software, at wall time (never scaled); of the quicker side's
+POWER_MARGIN_DB = 0.25  # light at a detector (half of the 0.5 dB a lab must see; readings' noise: 0.02 dB)
+# A detector's light takes a tenth of a timing kind's share of the report's false-alarm rate: its
+# differences are tens of times its noise, the timings' a few times theirs.
+LIGHT_WEIGHT = 0.1
 
 
-def _judge(kind: str, a: Distribution, b: Distribution, stat: str = "median") -> bool | None:
-    x, y = getattr(a, stat), getattr(b, stat)
-    if x is None or y is None or min(a.n, b.n) < MIN_SAMPLES:
-        return None
-    rel, absolute = TOLERANCE[kind]
-    return abs(y - x) <= max(rel * abs(x), absolute)
+def _paired(before: dict, after: dict) -> tuple[list[float], list[float], bool]:
+    """The samples of the exchanges both sides have, as pairs (a replayed exchange keeps the
+    recorded one's place, so its difference cancels what the two share: the command, the
+    connections it made, the emulator's draw for them); where fewer than two pair, every sample
+    of each side, unpaired."""
+    common = sorted(set(before) & set(after))
+    if len(common) >= 2:
+        return [before[i] for i in common], [after[i] for i in common], True
+    return list(before.values()), list(after.values()), False
 
 
-def compare(bench, recorded: list[dict], replayed: list[dict], time_scale: float) -> dict:
-    """The side-by-side report: replies that differ, timing per kind, parameters named, verdict."""
+def _by_index(values: list[float], at: list) -> dict:
+    return dict(zip(at, values))
+
+
+def _deviations(groups: list[dict[int, float]]) -> dict[int, float]:
+    """Each sample's distance from its group's median: the spread, without the groups' own
+    difference (one-connection commands against commands of several)."""
+    out = {}
+    for group in groups:
+        if group:
+            middle = statistics.median(group.values())
+            out.update({at: abs(v - middle) for at, v in group.items()})
+    return out
+
+
+def _location(values: Iterable[float]) -> float:
+    v = list(values)
+    return float(decisions.stats.trim_mean(v, decisions.TRIM)) if v else 0.0
+
+
+def compare(bench, recorded: list[dict], replayed: list[dict], time_scale: float, *,
+            alpha: float = decisions.FIDELITY_ALPHA) -> dict:
+    """The side-by-side report: replies that differ, each timing kind and each detector's light
+    as a decision (harness/decisions.py; all of them together at the false-alarm rate
+    ``alpha``), the bench-file parameters the differences point at, the differences no
+    parameter that calibrate fits explains, and the verdict."""
     by_index = {r["index"]: r for r in replayed}
     ordered = sorted(recorded, key=lambda x: x["t_ns"])
     replies = []
@@ -677,50 +756,104 @@ def compare(bench, recorded: list[dict], replayed: list[dict], time_scale: float
         if _near_a_change(changes, entry):
             shifted += 1  # what it saw was changing at that moment (a fault, a switch): timing
             continue
+        if other.get("error") and not entry.get("error") and _still_running(ordered, by_index, index):
+            shifted += 1  # a function's result asked for while the replay's run of it still went on: timing
+            continue
         if not entry.get("error") and not other.get("error") and \
                 _shifted(ordered, starts, occurrences.get((entry.get("name"), what), []), index, replied):
             shifted += 1  # the same answers, at another moment: timing, judged with the kinds below
             continue
         replies.append({"index": index, "name": entry.get("name"), "exchange": what, "why": why})
     a, b = analyse(bench, ordered), analyse(bench, sorted(replayed, key=lambda x: x["t_ns"]))
-    kinds: dict[str, dict] = {}
+    family = decisions.Family(alpha, "fidelity")
+    shown: dict[str, tuple[list[float], list[float], bool, str]] = {}  # label -> samples, paired, unit
 
-    def add(kind: str, label: str, x: list[float], y: list[float], stat: str = "median", judge_as: str | None = None):
-        da, db = Distribution.of(x), Distribution.of(y)
-        ok = _judge(judge_as or kind, da, db, stat)
-        kinds[label] = {"recorded": da.__dict__, "replayed": db.__dict__, "judged_on": stat, "match": ok}
+    def add(label: str, before: dict[int, float], after: dict[int, float], margin: float, unit: str = "s") -> None:
+        x, y, paired = _paired(before, after)
+        shown[label] = (list(before.values()), list(after.values()), paired, unit)
+        family.add(label, x, y, margin=margin, what=label, unit=unit, paired=paired)
 
-    add("switch", "switch", [d for d, _ in a.switch], [d for d, _ in b.switch])
-    add("switch_per_connection", "switch per connection", a.per_connection(), b.per_connection())
-    add("switch_spread", "switch per connection (spread)", a.per_connection(), b.per_connection(), "spread")
-    add("light", "light", a.light, b.light)
-    switching_matches = kinds["switch per connection"]["match"] is not False
+    scale = time_scale or 1.0
+    switching_s = bench.switch.emulation.switching_time_s * scale if bench.switch.emulation.switching_time_s else None
+    single_a, single_b = a.per_connection_at(True), b.per_connection_at(True)
+    multi_a, multi_b = a.per_connection_at(False), b.per_connection_at(False)
+    per_connection_s = switching_s or _location(list(single_a.values()) + list(multi_a.values()))
+    add("switch per connection", {**single_a, **multi_a}, {**single_b, **multi_b}, PARAMETER_MARGIN * per_connection_s)
+    add("switch per connection (one-connection commands)", single_a, single_b, PARAMETER_MARGIN * per_connection_s)
+    add("switch per connection (multi-connection commands)", multi_a, multi_b, PARAMETER_MARGIN * per_connection_s)
+    add("switch per connection (spread)", _deviations([single_a, multi_a]), _deviations([single_b, multi_b]),
+        PARAMETER_MARGIN * per_connection_s)
+    light_a, light_b = _by_index(a.light, a.light_at), _by_index(b.light, b.light_at)
+    add("light", light_a, light_b, LIGHT_MARGIN * _location(light_a.values()))
+    hosts = {h.name: h for h in bench.topology.hosts}
+
+    def bringup_s(host: str) -> float:
+        emulation = hosts[host].emulation if host in hosts else None
+        return (emulation.lock_time_s + emulation.link_up_time_s) * scale if emulation else 0.0
+
+    every_a: dict[int, float] = {}
+    every_b: dict[int, float] = {}
+    in_commands_of_several: list[str] = []
     for host in sorted(set(a.link_up) | set(b.link_up)):
         # Circuits each made by a command of its own say best when their light came; where a
         # host has none, its NICs' bring-up is measured from an estimate inside a command of
-        # several connections, which a difference of switching moves: not judged then.
-        alone_a = [(e - l) / 1e9 for _, h, _, l, e, single in a.link_events if h == host and single]
-        alone_b = [(e - l) / 1e9 for _, h, _, l, e, single in b.link_events if h == host and single]
+        # several connections, which a difference of switching moves (not judged then).
+        alone_a = {i: (e - l) / 1e9 for i, h, _, l, e, single in a.link_events if h == host and single}
+        alone_b = {i: (e - l) / 1e9 for i, h, _, l, e, single in b.link_events if h == host and single}
         if alone_a and alone_b:
-            add("link_up", f"link_up {host}", alone_a, alone_b)
+            label, x, y = f"link_up {host}", alone_a, alone_b
         else:
-            add("link_up", f"link_up {host} (in multi-connection commands)", a.link_up.get(host, []),
-                b.link_up.get(host, []))
-            if not switching_matches:
-                kinds[f"link_up {host} (in multi-connection commands)"]["match"] = None
+            label = f"link_up {host} (in multi-connection commands)"
+            x = {i: (e - l) / 1e9 for i, h, _, l, e, _ in a.link_events if h == host}
+            y = {i: (e - l) / 1e9 for i, h, _, l, e, _ in b.link_events if h == host}
+            in_commands_of_several.append(label)
+        add(label, x, y, PARAMETER_MARGIN * (bringup_s(host) or _location(x.values())))
+        every_a.update(x)
+        every_b.update(y)
+    if len(set(a.link_up) | set(b.link_up)) > 1:
+        # One NIC family for every host (a bench whose every NIC locks slower): few samples a host
+        # cannot show it, all of them together can.
+        bringups = [bringup_s(h) for h in sorted(set(a.link_up) | set(b.link_up))]
+        add("link_up every host", every_a, every_b,
+            PARAMETER_MARGIN * (statistics.mean(bringups) if all(bringups) else _location(every_a.values())))
+        if in_commands_of_several:
+            in_commands_of_several.append("link_up every host")
     for host in sorted(set(a.agent) | set(b.agent)):
-        add("agent", f"agent {host}", a.agent.get(host, []), b.agent.get(host, []))
-    for host in sorted(set(a.job_start) | set(b.job_start)):
-        add("job_start", f"job_start {host}", a.job_start.get(host, []), b.job_start.get(host, []))
-    powers = _power_differences(a, b)
-    parameters = _parameters(bench, kinds, powers)
+        x, y = _by_index(a.agent.get(host, []), a.agent_at.get(host, [])), \
+            _by_index(b.agent.get(host, []), b.agent_at.get(host, []))
+        # a difference as large as the quicker side's own round trip
+        add(f"agent {host}", x, y, AGENT_MARGIN * min(_location(x.values()) or 1.0, _location(y.values()) or 1.0))
+    if a.job_start or b.job_start:
+        # One start-up for every rank (job.startup_time_s): every host's starts together.
+        x = {i: v for h in a.job_start for i, v in zip(a.job_start_at[h], a.job_start[h])}
+        y = {i: v for h in b.job_start for i, v in zip(b.job_start_at[h], b.job_start[h])}
+        startup_s = bench.job.startup_time_s * scale if bench.job is not None and bench.job.startup_time_s else 0.0
+        add("job_start", x, y, PARAMETER_MARGIN * (startup_s or _location(x.values())))
+    light_samples = _light_samples(a, b)
+    for (instrument, ingress, egress), (x, y) in sorted(light_samples.items()):
+        family.add(("light", instrument, ingress, egress), x, y, margin=POWER_MARGIN_DB,
+                   what=f"light {ingress}->{egress} at {instrument}", unit="dB", paired=True, weight=LIGHT_WEIGHT)
+    decided = family.decide()
+    switching = [decided[k] for k in ("switch per connection", "switch per connection (one-connection commands)",
+                                      "switch per connection (multi-connection commands)")]
+    switching_differs = any(d.verdict == decisions.Verdict.DIFFERS for d in switching)
+    kinds: dict[str, dict] = {}
+    for label, (x, y, paired, unit) in shown.items():
+        decision = decided[label]
+        judged = not (switching_differs and label in in_commands_of_several)
+        match = {decisions.Verdict.DIFFERS: False, decisions.Verdict.SAME: True}.get(decision.verdict) if judged else None
+        kinds[label] = {"recorded": Distribution.of(x).__dict__, "replayed": Distribution.of(y).__dict__,
+                        "paired": paired, "decision": decision.as_dict(), "judged": judged, "match": match}
+    powers = _powers(decided, light_samples)
+    parameters, unexplained = _parameters(bench, kinds, powers)
     power_replies = {r.index for r in a.readings} | {r.index for r in b.readings}
-    judged_replies = [r for r in replies if r["index"] not in power_replies]
-    matched = not judged_replies and not powers["ports"] and all(k["match"] is not False for k in kinds.values())
+    judged_replies = [r for r in replies if r["index"] not in power_replies]  # readings: judged per detector
+    matched = not judged_replies and not powers["differing"] and all(k["match"] is not False for k in kinds.values())
     return {"time_scale": time_scale, "exchanges": len([e for e in ordered if e.get("type") in ("scpi", "serial", "agent")]),
-            "replies_differing": replies, "identity_replies_differing": informational,
-            "replies_shifted_in_time": shifted, "timing": kinds,
-            "powers": powers, "parameters": parameters, "match": matched}
+            "replies_differing": judged_replies, "readings_differing": len(replies) - len(judged_replies),
+            "identity_replies_differing": informational,
+            "replies_shifted_in_time": shifted, "timing": kinds, "powers": powers, "parameters": parameters,
+            "unexplained": unexplained, "false_alarm_rate": alpha, "decisions": family.size, "match": matched}
 
 
 SHIFT_WINDOW_NS = 25_000_000  # a reply the recording gave to the same request this close in time
@@ -758,6 +891,19 @@ def _shifted(ordered: list[dict], starts: list[int], sent_at: list[int], index: 
     return value is not None and len(around) >= 2 and min(around) <= value <= max(around)
 
 
+def _still_running(ordered: list[dict], by_index: dict, index: int) -> bool:
+    """Whether the replay's last poll of the same instrument's function, before this exchange,
+    answered that it was still running (``...,PROGRESS``): a result asked for then is refused on
+    the replay only for a matter of timing."""
+    name = ordered[index].get("name")
+    for j in range(index - 1, max(-1, index - 200), -1):
+        entry = ordered[j]
+        if entry.get("name") == name and POLL_COMMANDS.match(str(entry.get("command") or "").strip()):
+            reply = (by_index.get(j) or {}).get("reply")
+            return isinstance(reply, str) and reply.strip().upper().endswith("PROGRESS")
+    return False
+
+
 def _near_a_change(changes: list[tuple[int, int]], entry: dict) -> bool:
     """Whether a change of the bench (a fault made or undone, a switch command) was under way
     within SHIFT_WINDOW_NS of the exchange."""
@@ -779,74 +925,165 @@ def _lit(value: Any) -> bool:
     return x > 1e-7 if 0 < x < 1 else x > DARK_DBM
 
 
-def _power_differences(a: Analysis, b: Analysis) -> dict:
-    """Per detector port: the lit readings' mean difference, replay minus recording (dB)."""
-    by_index = {r.index: r for r in b.readings}
-    diffs: dict[int, list[float]] = {}
-    for r in a.readings:
-        other = by_index.get(r.index)
-        if other is None or other.port != r.port or r.dbm <= DARK_DBM or other.dbm <= DARK_DBM:
+def _light_samples(a: Analysis, b: Analysis) -> dict[tuple[str, int, int], tuple[list[float], list[float]]]:
+    """Per detector and path (instrument, ingress, egress): the readings lit in both, as pairs
+    (dBm), recording first. A path is the unit calibrate fits a loss to; a detector the unit
+    that can read otherwise than another at the same port."""
+    replayed = {(r.index, r.instrument, r.port): r for r in b.readings}
+    out: dict[tuple[str, int, int], tuple[list[float], list[float]]] = {}
+    for position, r in enumerate(a.readings):
+        other = replayed.get((r.index, r.instrument, r.port))
+        path = a.paths.get(position)
+        if other is None or path is None or r.dbm <= DARK_DBM or other.dbm <= DARK_DBM:
             continue
-        diffs.setdefault(r.port, []).append(other.dbm - r.dbm)
-    mean = {port: statistics.median(v) for port, v in diffs.items()}
-    return {"per_port_db": {str(p): round(m, 3) for p, m in sorted(mean.items())},
-            "ports": sorted(p for p, m in mean.items() if abs(m) > POWER_TOLERANCE_DB)}
+        x, y = out.setdefault((r.instrument, *path), ([], []))
+        x.append(r.dbm)
+        y.append(other.dbm)
+    return out
 
 
-def _parameters(bench, kinds: dict, powers: dict) -> list[dict]:
-    """The bench-file parameters that the differences point at."""
+def _powers(decided: dict, samples: dict) -> dict:
+    """The light decisions, per detector and path, and what differs."""
+    per_detector = {}
+    differing = []
+    for (instrument, ingress, egress) in sorted(samples, key=lambda k: (k[2], k[1], k[0])):
+        decision = decided[("light", instrument, ingress, egress)]
+        per_detector[f"{ingress}->{egress} {instrument}"] = decision.as_dict()
+        if decision.verdict == decisions.Verdict.DIFFERS:
+            differing.append({"path": f"{ingress}->{egress}", "instrument": instrument, "db": round(decision.effect, 3)})
+    return {"per_detector": per_detector, "differing": differing}
+
+
+def _parameters(bench, kinds: dict, powers: dict) -> tuple[list[dict], list[dict]]:
+    """The bench-file parameters that the differences point at (those ``calibrate`` fits), and
+    the differences none of them explains (a lab's physics the emulation is not told)."""
     switch = f"instruments.{bench.topology.switch}.emulation"
-    named = []
-    if kinds["switch per connection"]["match"] is False or kinds["switch"]["match"] is False:
-        named.append({"parameter": f"{switch}.switching_time_s", "because": "switching takes another time"})
-    if kinds["switch per connection (spread)"]["match"] is False:
-        named.append({"parameter": f"{switch}.switching_jitter_s", "because": "switching times spread otherwise"})
-    if powers["ports"]:
-        shifts = [powers["per_port_db"][str(p)] for p in powers["ports"]]
-        every = len(powers["ports"]) == len(powers["per_port_db"]) and max(shifts) - min(shifts) <= POWER_TOLERANCE_DB
-        named.append({"parameter": f"{switch}.{'insertion_loss_db' if every else 'port_loss_db'}",
-                      "because": "light differs at ports " + ", ".join(
-                          f"{p} ({powers['per_port_db'][str(p)]:+.2f} dB)" for p in powers["ports"])})
+    named: list[dict] = []
+    unexplained: list[dict] = []
+
+    def decision(label: str) -> dict | None:
+        k = kinds.get(label)
+        return k["decision"] if k is not None and k["judged"] else None
+
+    def differs(d: dict | None) -> bool:
+        return d is not None and d["verdict"] == decisions.Verdict.DIFFERS.value
+
+    def ms(d: dict) -> str:
+        return f"{d['effect'] * 1000:+.2f} ms ({d['low'] * 1000:+.2f} .. {d['high'] * 1000:+.2f})"
+
+    every = decision("switch per connection")
+    one = decision("switch per connection (one-connection commands)")
+    several = decision("switch per connection (multi-connection commands)")
+    if differs(every) or differs(one) or differs(several):
+        both = [d for d in (one, several) if d is not None and d["low"] is not None]
+        # Switching differs alike in commands of one connection and of several: the switch's time
+        # per connection. Differently (apart by more than the margin): time that depends on how
+        # many a command makes, which no parameter of the emulated switch that calibrate fits has.
+        apart = len(both) == 2 and (both[0]["low"] - both[1]["high"] > both[0]["margin"]
+                                    or both[1]["low"] - both[0]["high"] > both[0]["margin"])
+        if not apart or (differs(one) and differs(several) and (one["effect"] > 0) == (several["effect"] > 0)):
+            named.append({"parameter": f"{switch}.switching_time_s", "because": "switching takes another time: "
+                          + "; ".join(f"{what} {ms(d)}" for what, d in (("every command", every), ("one connection", one),
+                                                                        ("several", several)) if differs(d))})
+        if apart:
+            unexplained.append({"what": "switch time per connection by command size",
+                                "because": f"switching per connection differs by {ms(one)} in commands of one "
+                                           f"connection and by {ms(several)} in commands of several: the switch's "
+                                           "time per connection depends on how many a command makes (an emulated "
+                                           f"switch: {switch}.multi_connection_extra_s)"})
+    if differs(decision("switch per connection (spread)")):
+        named.append({"parameter": f"{switch}.switching_jitter_s", "because": "switching times spread otherwise: "
+                      + ms(decision("switch per connection (spread)"))})
+    switching = differs(every) or differs(one) or differs(several)
+    if differs(decision("light")) and not switching:
+        unexplained.append({"what": "light arrival", "because": f"light reaches the detectors {ms(decision('light'))} "
+                                                                "otherwise after a switch command that took its time"})
+    link_hosts = []
     for label, k in kinds.items():
-        if k["match"] is not False:
+        if not differs(decision(label)):
             continue
         kind, _, host = label.partition(" ")
         host = host.split(" ")[0]
-        if kind == "link_up":
+        d = decision(label)
+        if kind == "link_up" and host != "every":
+            link_hosts.append(host)
             named.append({"parameter": f"topology.hosts.{host}.emulation.lock_time_s+link_up_time_s",
-                          "because": f"{host}'s NICs come up at another time after light"})
+                          "because": f"{host}'s NICs come up at another time after light: {ms(d)}"})
         elif kind == "agent":
-            named.append({"parameter": f"topology.hosts.{host}.emulation.agent_latency_s",
-                          "because": f"{host}'s agent answers at another time"})
+            unexplained.append({"what": f"agent {host}",
+                                "because": f"{host}'s agent answers a plain call {ms(d)} otherwise: the host or the "
+                                           "network to it, which no parameter calibrate fits has (an emulated host: "
+                                           f"topology.hosts.{host}.emulation.management_latency_s)"})
         elif kind == "job_start":
-            named.append({"parameter": "job.startup_time_s", "because": f"the job on {host} starts at another time"})
-    return named
+            named.append({"parameter": "job.startup_time_s", "because": f"the job starts at another time: {ms(d)}"})
+    if differs(decision("link_up every host")) and not link_hosts:
+        named.append({"parameter": "topology.hosts.*.emulation.lock_time_s+link_up_time_s",
+                      "because": f"every host's NICs come up at another time after light: "
+                                 f"{ms(decision('link_up every host'))}"})
+    # Light, per path: where every detector of a path differs alike, the path has another loss;
+    # where one differs while another on the same path does not (shown the same, or its estimate
+    # within the margin where its few readings cannot show it), a detector reads otherwise (its
+    # own offset), which no loss explains. The difference itself is the decision's; which of
+    # the two it is, is read from the path's other detectors.
+    by_path: dict[str, dict[str, dict]] = {}
+    for key, d in powers["per_detector"].items():
+        path, instrument = key.split(" ", 1)
+        by_path.setdefault(path, {})[instrument] = d
+    lossy: dict[int, list[float]] = {}
+    offsets: dict[int, list[str]] = {}
+    for path, at_path in by_path.items():
+        off = {i: d for i, d in at_path.items() if d["verdict"] == decisions.Verdict.DIFFERS.value}
+        if not off:
+            continue
+        egress = int(path.split("->")[1])
+        agree = [i for i, d in at_path.items() if d["verdict"] == decisions.Verdict.SAME.value or (
+            d["verdict"] != decisions.Verdict.DIFFERS.value and d["effect"] is not None
+            and abs(d["effect"]) <= d["margin"])]
+        if agree:
+            offsets.setdefault(egress, []).extend(f"{i} reads {d['effect']:+.2f} dB otherwise on {path} where "
+                                                  f"{', '.join(agree)} agrees" for i, d in off.items())
+        else:
+            lossy.setdefault(egress, []).extend(d["effect"] for d in off.values())
+    for port, what in sorted(offsets.items()):
+        unexplained.append({"what": f"detector offset at port {port}",
+                            "because": "; ".join(what) + ": a detector's own offset, which no loss explains (an "
+                                                         "emulated meter: instruments.<meter>.emulation.offset_db)"})
+    if lossy:
+        shifts = {port: statistics.mean(v) for port, v in lossy.items()}
+        ports_lit = {int(path.split("->")[1]) for path in by_path}
+        every = set(shifts) == ports_lit and max(shifts.values()) - min(shifts.values()) <= POWER_MARGIN_DB
+        named.append({"parameter": f"{switch}.{'insertion_loss_db' if every else 'port_loss_db'}",
+                      "because": "light differs at ports " + ", ".join(f"{p} ({m:+.2f} dB)"
+                                                                       for p, m in sorted(shifts.items()))})
+    return named, unexplained
 
 
 def render(report: dict) -> str:
     """The report as text."""
-    lines = [f"fidelity: {report['exchanges']} exchanges replayed (time scale {report['time_scale']:g})"]
+    lines = [f"fidelity: {report['exchanges']} exchanges replayed (time scale {report['time_scale']:g}); "
+             f"{report['decisions']} decisions, false-alarm rate {report['false_alarm_rate']:.2%} for all of them "
+             "together (harness/decisions.py)"]
 
     def ms(x):
         return "-" if x is None else f"{x * 1000:.2f}"
 
-    lines.append(f"{'kind':46} {'n rec':>6} {'median rec':>11} {'p90 rec':>9} {'n rep':>6} {'median rep':>11} "
-                 f"{'p90 rep':>9}  verdict")
+    lines.append(f"{'kind':50} {'n rec':>5} {'median rec':>10} {'n rep':>5} {'median rep':>10}  "
+                 "replay - recording (interval; margin), ms: verdict")
     for label, k in report["timing"].items():
-        a, b = k["recorded"], k["replayed"]
-        stat = k["judged_on"]
-        verdict = {True: "match", False: "DIFFERS", None: "-"}[k["match"]]
-        if stat == "spread":
-            lines.append(f"{label:46} {a['n']:6} {ms(a['spread']):>11} {'':9} {b['n']:6} {ms(b['spread']):>11} "
-                         f"{'':9}  {verdict} (spread, ms)")
-        else:
-            lines.append(f"{label:46} {a['n']:6} {ms(a['median']):>11} {ms(a['p90']):>9} {b['n']:6} "
-                         f"{ms(b['median']):>11} {ms(b['p90']):>9}  {verdict} (ms)")
-    per_port = report["powers"]["per_port_db"]
-    lines.append("light, replay minus recording (dB) per port: " +
-                 (", ".join(f"{p}: {d:+.2f}" for p, d in per_port.items()) or "no lit readings"))
+        a, b, d = k["recorded"], k["replayed"], k["decision"]
+        stat = "spread" if label.endswith("(spread)") else "median"
+        what = f"{d['effect'] * 1000:+.2f} ({ms(d['low'])} .. {ms(d['high'])}; {ms(d['margin'])})" \
+            if d["effect"] is not None and d["low"] is not None else f"({d['why']})"
+        verdict = d["verdict"] if k["judged"] else "not judged (switching differs)"
+        lines.append(f"{label:50} {a['n']:5} {ms(a[stat]):>10} {b['n']:5} {ms(b[stat]):>10}  {what}"
+                     f"{' paired' if k['paired'] else ''}: {verdict}")
+    detectors = report["powers"]["per_detector"]
+    lines.append("light, replay minus recording (dB) per detector: " + (", ".join(
+        f"{key}: {d['effect']:+.2f}{' DIFFERS' if d['verdict'] == 'differs' else ''}" for key, d in detectors.items())
+        or "no lit readings"))
     differing = report["replies_differing"]
-    lines.append(f"replies that differ: {len(differing)} (not judged: identity replies "
+    lines.append(f"replies that differ: {len(differing)} (not judged here: power readings "
+                 f"{report.get('readings_differing', 0)}, judged per detector above; identity replies "
                  f"{report['identity_replies_differing']}; the same replies at another moment, or while the bench "
                  f"was changing: {report['replies_shifted_in_time']})")
     for r in differing[:20]:
@@ -856,7 +1093,10 @@ def render(report: dict) -> str:
     if report["parameters"]:
         lines.append("parameters that differ:")
         lines += [f"  {p['parameter']}: {p['because']}" for p in report["parameters"]]
-    lines.append("verdict: " + ("MATCH within tolerance" if report["match"] else "DIFFERS"))
+    if report["unexplained"]:
+        lines.append("differences no parameter that calibrate fits explains:")
+        lines += [f"  {u['what']}: {u['because']}" for u in report["unexplained"]]
+    lines.append("verdict: " + ("MATCH: no difference beyond its margin shown" if report["match"] else "DIFFERS"))
     return "\n".join(lines) + "\n"
 
 

@@ -498,15 +498,17 @@ def _read_transcript_or_exit(path: Path) -> dict:
 def fidelity_cmd(transcript_file: Path, bench_path: Path, time_scale: float | None, json_out: Path | None) -> None:
     """How far an emulated bench is from a recorded one. Replays TRANSCRIPT (lumion-hil run
     --record) against the bench's emulators, every exchange in order and at its recorded time,
-    and reports side by side: the replies that differ (numbers beyond a tolerance, powers in dB;
-    other text; errors on one side only), the timing of each kind of exchange (switch command to
-    completion and per connection, light arrival, link up per host, agent round trip, job start),
-    and the bench-file parameters the differences point at.
+    and reports side by side: the replies that differ (text; errors on one side only), and as
+    decisions with a stated false-alarm rate (0.5% for the whole report) the timing of each kind
+    of exchange (switch per connection and its spread, light arrival, link up per host, agent
+    round trip, job start) and the light at each detector, each with its effect, interval and
+    margin; the bench-file parameters the differences point at, and the differences none of
+    calibrate's parameters explains.
 
     The bench runs at the transcript's time scale unless --time-scale says otherwise.
 
     \b
-    Exit status: 0 the bench matches the recording within tolerance, 1 it differs,
+    Exit status: 0 no difference beyond its margin is shown, 1 one is,
     4 the transcript or the bench cannot be read (or the bench is not emulated)."""
     from lumion_hil.harness.fidelity import fidelity, render
 

@@ -4,11 +4,16 @@ since the previous run.
 Written by ``lumion-hil report`` (and ``lumion-hil run``) next to the HTML report, as Markdown
 and JSON, from the newest run record; each run's values are appended to
 ``summary-history.jsonl`` so the next summary can compare. A measurement has regressed when it
-moved the bad way (up for an upper limit, down for a lower one, away from the middle of a
-range) by more than its run-to-run noise: three standard deviations over the last runs where
-there are three or more, and never less than ``NOISE_FLOOR`` of its value. A verdict that went
-from pass to fail is a regression whatever the size. The summary also goes into the Allure
-results as a result of its own, so the report shows it, under its category, with its history.
+is shown to have moved the bad way (up for an upper limit, down for a lower one, away from the
+middle of a range; a recorded figure's own good direction) by more than ``NOISE_FLOOR`` of its
+value, against the nights before it: a statistical decision (harness/decisions.py) on
+tonight's value (the median of its samples, where a run or a merge of shards took several)
+against the last ``HISTORY_RUNS`` nights' (the interval of a new observation: the nights' own
+spread is the noise), at a false-alarm rate of ``SUMMARY_ALPHA`` for the whole summary, over
+every row (Bonferroni). With fewer than ``MIN_NIGHTS`` nights before it, the noise is not known
+and the change is shown, not judged. A verdict that went from pass to fail is a regression
+whatever the size. The summary also goes into the Allure results as a result of its own, so the
+report shows it, under its category, with its history.
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lumion_hil.harness import decisions
 from lumion_hil.harness.records import read_record
 
-NOISE_FLOOR = 0.10  # assumption: emulated and bench timings move this much night to night
-HISTORY_RUNS = 5  # runs the noise is estimated from
+NOISE_FLOOR = 0.10  # the smallest change that counts as a regression: this fraction of the value
+HISTORY_RUNS = 10  # nights the noise is estimated from
+MIN_NIGHTS = 3  # fewer nights before: the night-to-night noise is not known, the change is not judged
 
 
 @dataclass
@@ -43,7 +50,9 @@ class Row:
     previous: float | None = None
     previous_verdict: str | None = None
     change: float | None = None  # relative, signed; positive: larger than before
-    noise: float | None = None  # the absolute change that counts as noise
+    noise: float | None = None  # the smallest change judged a regression (the decision's margin), in the unit
+    samples: int = 1  # tonight's samples of it (several where the run or its shards took several)
+    decision: dict | None = None  # tonight against the nights before (harness/decisions.py)
     regression: bool = False
     why: str = ""
     basis: str = "measured"  # or "model": an emulated bench computed it (never a confirmation)
@@ -65,20 +74,19 @@ def _key(m: dict, with_bench: bool = False) -> str:
     return f"{test}:{m['name']}" + (f"{{{extra}}}" if extra else "")
 
 
-def _worse_by(row: Row, previous: float) -> float:
-    """How much worse the value is than ``previous`` (negative: better)."""
-    if row.value is None:
-        return float("inf")
+def _badness(row: Row):
+    """How a value of the row reads as worse-is-larger (a range's distance from its middle, a
+    lower limit's or a "higher is better" figure's value negated); None where nothing is worse."""
     if row.high is None and row.low is None and row.better:
-        return previous - row.value if row.better == "higher" else row.value - previous
+        return (lambda v: -v) if row.better == "higher" else (lambda v: v)
     if row.high is not None and row.low is None:
-        return row.value - previous
+        return lambda v: v
     if row.low is not None and row.high is None:
-        return previous - row.value
+        return lambda v: -v
     if row.low is not None and row.high is not None:
         middle = (row.low + row.high) / 2
-        return abs(row.value - middle) - abs(previous - middle)
-    return 0.0
+        return lambda v: abs(v - middle)
+    return None
 
 
 def summarize(record: Path, history: list[dict]) -> dict:
@@ -90,6 +98,7 @@ def summarize(record: Path, history: list[dict]) -> dict:
     parts = head.get("merged_from") or []
     several = len({p.get("bench") for p in parts}) > 1
     rows: dict[str, Row] = {}
+    samples: dict[str, list[float]] = {}
     for m in lines:
         if m.get("type") != "measurement" or (m.get("low") is None and m.get("high") is None and not m.get("better")):
             continue  # judged figures, and recorded ones with a good direction (busbw at every size)
@@ -102,27 +111,52 @@ def summarize(record: Path, history: list[dict]) -> dict:
             row.predicted, row.prediction = float(attrs["predicted"]), str(attrs.get("prediction", ""))
         if row.published_value and row.value is not None:
             row.ratio = row.value / row.published_value
-        past = [h["values"][row.key] for h in before if h.get("values", {}).get(row.key) is not None]
-        past_verdicts = [h.get("verdicts", {}).get(row.key) for h in before if h.get("verdicts", {}).get(row.key)]
-        if past:
-            row.previous = past[-1]
-            row.previous_verdict = past_verdicts[-1] if past_verdicts else None
-            scale = max(abs(row.previous), abs(row.value or 0.0), 1e-12)
-            sigma = statistics.stdev(past) if len(past) >= 3 else 0.0
-            row.noise = max(3 * sigma, NOISE_FLOOR * scale)
-            if row.value is not None and row.previous:
-                row.change = (row.value - row.previous) / abs(row.previous)
-            worse = _worse_by(row, row.previous)
-            if row.value is None:
-                row.regression, row.why = True, "no valid reading now"
-            elif worse > row.noise:
+        if row.value is not None:
+            samples.setdefault(row.key, []).append(row.value)
+        if row.key in rows and rows[row.key].verdict == "fail":
+            row.verdict = "fail"  # one of tonight's samples failed: the row did
+        rows[row.key] = row
+    family = decisions.Family(decisions.SUMMARY_ALPHA, "the summary's regressions")
+    judged: dict[str, tuple] = {}
+    for key, row in rows.items():
+        if samples.get(key):
+            row.samples = len(samples[key])
+            row.value = statistics.median(samples[key])
+            if row.published_value:
+                row.ratio = row.value / row.published_value
+        past = [h["values"][key] for h in before if h.get("values", {}).get(key) is not None]
+        past_verdicts = [h.get("verdicts", {}).get(key) for h in before if h.get("verdicts", {}).get(key)]
+        if not past:
+            continue
+        row.previous = past[-1]
+        row.previous_verdict = past_verdicts[-1] if past_verdicts else None
+        if row.value is not None and row.previous:
+            row.change = (row.value - row.previous) / abs(row.previous)
+        worse = _badness(row)
+        if row.value is None or worse is None:
+            continue
+        row.noise = NOISE_FLOOR * max(abs(statistics.mean(past)), 1e-12)
+        nights = past if len(past) >= MIN_NIGHTS else []  # fewer: shown, not judged (too few to decide)
+        family.add(key, [worse(v) for v in nights], [worse(row.value)], margin=row.noise, what=key, unit=row.unit)
+        judged[key] = (len(past),)
+    decided = family.decide()
+    for key, row in rows.items():
+        if row.previous is not None and row.value is None:
+            row.regression, row.why = True, "no valid reading now"
+        decision = decided.get(key)
+        if decision is not None:
+            row.decision = decision.as_dict()
+            nights = judged[key][0]
+            if decision.above:
                 row.regression = True
-                row.why = (f"worse by {worse:.4g} {row.unit} (noise {row.noise:.4g} {row.unit}"
-                           f"{', 3 sigma of the last runs' if len(past) >= 3 else f', {NOISE_FLOOR:.0%} of the value'})")
+                row.why = (f"worse by {decision.effect:.4g} {row.unit} ({decision.low:.4g} .. {decision.high:.4g} at "
+                           f"{1 - 2 * decision.alpha:.4%}; a regression is more than {row.noise:.4g} {row.unit}, "
+                           f"{NOISE_FLOOR:.0%} of the value; {nights} nights before)")
+            elif nights < MIN_NIGHTS:
+                row.why = f"not judged: {nights} night(s) before it, fewer than {MIN_NIGHTS} (the noise is not known)"
         if row.previous_verdict == "pass" and row.verdict == "fail":
             row.regression = True
             row.why = (row.why + "; " if row.why else "") + "was passing, now fails"
-        rows[row.key] = row
     ordered = list(rows.values())
     return {
         "record": str(record),
@@ -133,6 +167,8 @@ def summarize(record: Path, history: list[dict]) -> dict:
         "outcome": end["outcome"] if end else "crashed (no closing line)",
         "counts": end.get("counts") if end else None,
         "previous_record": before[-1]["record"] if before else None,
+        "nights_before": len(before),
+        "false_alarm_rate": decisions.SUMMARY_ALPHA,
         "rows": [asdict(r) for r in ordered],
         "regressions": [asdict(r) for r in ordered if r.regression],
         "failed": [asdict(r) for r in ordered if r.verdict == "fail"],
@@ -181,7 +217,11 @@ def to_markdown(summary: dict) -> str:
         out.append(f"Failure sequences: {explored['sequences_explored']:g} distinct stories told to the end, "
                    f"{explored['sequences_run']} sequences run, in {len(explored['shards'])} shard(s)"
                    + (f", {explored['failed_shards']} of them red" if explored["failed_shards"] else ""))
-    out += ["", f"## Regressions since the previous run ({len(summary['regressions'])})", ""]
+    out += ["", f"## Regressions since the previous run ({len(summary['regressions'])})", "",
+            f"Tonight against the last {summary.get('nights_before', 0)} night(s): a regression is shown to be worse "
+            f"by more than {NOISE_FLOOR:.0%} of the value (or a verdict that went from pass to fail), at a false-alarm "
+            f"rate of {summary.get('false_alarm_rate', decisions.SUMMARY_ALPHA):.0%} for the whole summary; with fewer "
+            f"than {MIN_NIGHTS} nights before, changes are shown, not judged.", ""]
     if summary["regressions"]:
         out += ["| measurement | now | before | change | why |", "|---|---|---|---|---|"]
         for r in summary["regressions"]:

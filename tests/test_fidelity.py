@@ -4,7 +4,7 @@ twin fitted to it ("the mystery lab")."""
 from __future__ import annotations
 
 import json
-import statistics
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +16,6 @@ from conftest import BENCHES, ROOT
 
 LUMION = [sys.executable, "-m", "lumion_hil"]
 SCALE = 0.2
-WALL_NOISE_S = 0.001
 
 
 def _cli(*args, timeout=600) -> subprocess.CompletedProcess:
@@ -48,17 +47,26 @@ def test_a_transcript_cut_short_by_a_kill_keeps_every_whole_line(tmp_path):
     assert header["bench"] == "b" and [e["command"] for e in entries] == ["*IDN?"]
 
 
-def _mystery(text: str) -> str:
-    """The default bench with a lab's own physics: a slower, spread switch, two dirty
-    connectors, one slow NIC."""
+def _mystery(text: str, seed: int) -> str:
+    """The default bench with a lab's own physics. What calibrate fits: a slower, spread switch,
+    two dirty connectors, one slow NIC. What it cannot (the open world): a far host behind a slow
+    management network, a meter out of calibration, a switch slower in commands of several
+    connections. And the lab's own seed."""
     swaps = [
         ("switching_time_s: 0.05     #", "switching_time_s: 0.073    #"),
         ("      insertion_loss_db: 1.5     #",
          "      switching_jitter_s: 0.008  # the mystery lab's spread\n"
          "      port_loss_db: {3: 2.0, 22: 3.0}  # its dirty connectors\n"
+         "      multi_connection_extra_s: 0.015  # its controller, slower with several beams\n"
          "      insertion_loss_db: 1.5     #"),
+        ("    - name: host1\n      gpus",
+         "    - name: host1\n      emulation: {management_latency_s: 0.01}  # its far host\n      gpus"),
         ("    - name: host2\n      gpus", "    - name: host2\n      emulation: {link_up_time_s: 0.4}  # its slow NIC\n      gpus"),
+        ("      noise_db: 0.02           # assumption\n      dark_floor_dbm: -60.0",
+         "      noise_db: 0.02           # assumption\n      offset_db: 0.8           # its meter out of calibration\n"
+         "      dark_floor_dbm: -60.0"),
         ("name: emulated-prototype", "name: mystery-lab"),
+        ("  seed: 1 ", f"  seed: {seed} "),
     ]
     for old, new in swaps:
         assert old in text, old
@@ -66,84 +74,117 @@ def _mystery(text: str) -> str:
     return text
 
 
-# The suites whose figures a twin must reproduce (_figures: switching, light, carrier, recovery);
-# the failure sequences, training throughput, collective bandwidth and the migration baseline add
-# none of their own (and over 60% of a run's time).
+# The suites whose exchanges fidelity compares (switching, light, carrier, job starts); the failure
+# sequences, training throughput, collective bandwidth and the migration baseline add no kind of
+# their own (and over 60% of a run's time).
 PHYSICS_SUITES = "not failure_sequences and not training_throughput and not collective_bandwidth and not migration"
+FITTED = {"instruments.ocs.emulation.switching_time_s", "instruments.ocs.emulation.switching_jitter_s",
+          "instruments.ocs.emulation.port_loss_db", "topology.hosts.host2.emulation.lock_time_s+link_up_time_s"}
+OPEN_WORLD = {"agent host1", "detector offset at port 21", "switch time per connection by command size"}
 
 
-def _run(bench: Path, results: Path, *extra: str) -> Path:
-    """A run of the suites whose figures are compared."""
+def _recording(bench: Path, results: Path) -> Path:
+    """A recorded run of the suites whose exchanges are compared."""
     done = _cli("run", "--bench", str(bench), "--time-scale", str(SCALE), "--results", str(results), "--no-report",
-                "-q", "-k", PHYSICS_SUITES, *extra)
+                "-q", "-k", PHYSICS_SUITES, "--record")
     assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-2000:]
-    return next((results / "records").glob("run-*.jsonl"))
+    return next((results / "records").glob("transcript-*.jsonl"))
 
 
-def _figures(record: Path) -> dict[tuple, list[float]]:
-    """The suite figures a twin should reproduce: the physics' timings (s) and the light (dBm,
-    dB), per figure, test and port. The controller's and the harness's own software time
-    (overhead, planning, detection, restart) is no physics of the bench and is left out."""
-    physics = {"switch_completion_time", "light_arrival_time", "light_to_carrier_time", "carrier_up_time",
-               "phase_switch", "phase_link", "recovery_to_first_step", "received_power", "link_margin"}
-    out: dict[tuple, list[float]] = {}
-    for line in record.read_text().splitlines():
-        m = json.loads(line)
-        if m.get("type") == "measurement" and m.get("name") in physics and m.get("value") is not None:
-            key = (m["name"], m["unit"], m["test"].split("[")[0], (m.get("attrs") or {}).get("port"))
-            out.setdefault(key, []).append(m["value"])
-    return out
+def _fidelity(recording: Path, bench: Path, report: Path) -> tuple[subprocess.CompletedProcess, dict]:
+    done = _cli("fidelity", str(recording), "--bench", str(bench), "--json", str(report))
+    assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-2000:]
+    return done, json.loads(report.read_text())
 
 
 @pytest.mark.alone  # timing judged against a recording
 def test_the_mystery_lab_is_named_by_fidelity_and_matched_by_its_twin(tmp_path):
-    """A lab whose physics calibrate is not told: recorded through a suite run; fidelity of
-    the default bench against it names exactly what differs; calibrate fits a twin whose suite
-    figures match the lab's (timings to 5% or 1 ms of wall time, paired; powers to 0.3 dB) and
-    whose fidelity passes.
+    """A lab whose physics calibrate is not told, partly of kinds it cannot fit, recorded twice
+    through a suite run (each run its own seed). Fidelity of the default bench against the first
+    recording names what differs, each a decision at a stated false-alarm rate
+    (harness/decisions.py): parameters of the families calibrate fits, and the differences no
+    such parameter explains. Calibrate fits a twin to the first recording; the twin, with a seed
+    of its own, is judged by fidelity on the second recording, which it was not fitted to: no
+    family it fits is shown to differ (but the switch's, which the open world's switch confounds),
+    and what it cannot fit is still named.
 
-    The twin and the lab draw their switching times from one seed (the bench file's
-    emulator.seed; each making of a port pair its own draw: common random numbers), so that the
-    5% compares the fitted distribution, not two samples of the lab's 8 ms spread."""
-    lab = tmp_path / "mystery.yaml"
-    lab.write_text(_mystery((BENCHES / "emulated.yaml").read_text()))
-    lab_record = _run(lab, tmp_path / "lab", "--record")
-    recording = next((tmp_path / "lab" / "records").glob("transcript-*.jsonl"))
+    What a run of these suites at a fifth of real time cannot show is left unasserted and
+    reported undecided: the switch's 8 ms spread and the slow NIC's bring-up (two samples a
+    host), and the switch's command-size dependence (the per-connection time of commands of one
+    connection carries the SCPI round trip's noise)."""
+    recordings = []
+    for seed in (7, 8):
+        lab = tmp_path / f"mystery-{seed}.yaml"
+        lab.write_text(_mystery((BENCHES / "emulated.yaml").read_text(), seed))
+        recordings.append(_recording(lab, tmp_path / f"lab-{seed}"))
+    fitted_on, judged_on = recordings
 
-    default = _cli("fidelity", str(recording), "--bench", str(BENCHES / "emulated.yaml"),
-                   "--json", str(tmp_path / "default.json"))
-    assert default.returncode == 1, default.stdout[-3000:] + default.stderr[-2000:]
-    named = {p["parameter"] for p in json.loads((tmp_path / "default.json").read_text())["parameters"]}
-    assert named == {"instruments.ocs.emulation.switching_time_s", "instruments.ocs.emulation.switching_jitter_s",
-                     "instruments.ocs.emulation.port_loss_db",
-                     "topology.hosts.host2.emulation.lock_time_s+link_up_time_s"}, default.stdout
-    assert "light differs at ports 22 (+5.00 dB)" in default.stdout  # 3->22: both dirty connectors on one path
+    default, report = _fidelity(fitted_on, BENCHES / "emulated.yaml", tmp_path / "default.json")
+    assert default.returncode == 1, default.stdout[-3000:]
+    named = {p["parameter"] for p in report["parameters"]}
+    unexplained = {u["what"] for u in report["unexplained"]}
+    assert {"instruments.ocs.emulation.switching_time_s", "instruments.ocs.emulation.port_loss_db"} <= named <= FITTED, \
+        default.stdout
+    assert {"agent host1", "detector offset at port 21"} <= unexplained <= OPEN_WORLD, default.stdout
+    # 3->22: both dirty connectors on one path (5 dB; the trimmed mean of readings with 0.02 dB of noise)
+    assert re.search(r"light differs at ports 22 \(\+(4\.9[89]|5\.0[012]) dB\)", default.stdout), default.stdout
+    assert "false-alarm rate 0.50% for all of them together" in default.stdout
 
     twin = tmp_path / "twin.yaml"
-    fitted = _cli("calibrate", str(recording), "--bench", str(BENCHES / "emulated.yaml"), "-o", str(twin))
+    fitted = _cli("calibrate", str(fitted_on), "--bench", str(BENCHES / "emulated.yaml"), "-o", str(twin))
     assert fitted.returncode == 0, fitted.stderr[-3000:]
     text = twin.read_text()
-    assert "switching_time_s = 0.07" in text
-    assert "3-22" in text  # the lossy pair, fitted as a pair
+    assert "switching_time_s = 0.0" in text and "3-22" in text  # the lossy pair, fitted as a pair
+    assert "seed: 1" in text  # the default bench's, not the lab's
 
-    twin_record = _run(twin, tmp_path / "twin")
-    lab_figures, twin_figures = _figures(lab_record), _figures(twin_record)
-    assert set(lab_figures) == set(twin_figures) and len(lab_figures) > 20
-    off = []
-    for key, values in lab_figures.items():
-        a, b = statistics.median(values), statistics.median(twin_figures[key])
-        if key[1] == "s":
-            # Paired: the i-th figure of each run is the same test's same draw (common random
-            # numbers), so a sample that the machine's load delayed in one run moves one difference,
-            # not the comparison. The floor is a loaded machine's timer noise at this scale: 1 ms
-            # of wall time, 5 ms of bench time (the mystery lab's switch is 23 ms slower).
-            gap = statistics.median(y - x for x, y in zip(values, twin_figures[key]))
-            if len(values) != len(twin_figures[key]) or abs(gap) > max(0.05 * abs(a), WALL_NOISE_S):
-                off.append(f"{key}: lab {a:.4f} s, twin {b:.4f} s, paired median difference {gap * 1e3:+.2f} ms "
-                           f"over {len(values)}/{len(twin_figures[key])} figures")
-        if key[1] in ("dBm", "dB") and abs(b - a) > 0.3:
-            off.append(f"{key}: lab {a:.2f}, twin {b:.2f}")
-    assert not off, "\n".join(off)
+    again, report = _fidelity(judged_on, twin, tmp_path / "twin.json")
+    assert again.returncode == 1, again.stdout[-3000:]
+    # Nothing calibrate fits is shown to differ, but for the switch's two numbers: a switch slower
+    # only in commands of several is fitted one time per connection for both, a compromise (and
+    # the extra time's spread taken for the switch's own), which a quiet machine may show.
+    switch = {"instruments.ocs.emulation.switching_time_s", "instruments.ocs.emulation.switching_jitter_s"}
+    assert {p["parameter"] for p in report["parameters"]} <= switch, again.stdout
+    unexplained = {u["what"] for u in report["unexplained"]}
+    assert {"agent host1", "detector offset at port 21"} <= unexplained <= OPEN_WORLD, again.stdout
 
-    again = _cli("fidelity", str(recording), "--bench", str(twin))
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+
+def test_the_open_worlds_knobs_act_as_their_names_say(bench_cfg):
+    """What the mystery lab is perturbed with beyond what calibrate fits: a switch slower in
+    commands of several connections, a meter out of calibration, a slow management network."""
+    import io
+    import random
+    import time
+
+    from lumion_hil.instruments.emulators.agent import ManagementNetwork
+    from lumion_hil.instruments.emulators.photodiode import PhotodiodeChannel, Tap
+    from lumion_hil.instruments.emulators.world import World
+
+    ms = 1_000_000
+    data = bench_cfg.model_dump()
+    data["instruments"]["ocs"]["emulation"]["multi_connection_extra_s"] = 0.02
+    from lumion_hil.harness.config import Bench
+
+    world = World(Bench.model_validate(data), clock_ns=lambda: 10**12)
+    t0 = world.now_ns()
+    world.connect([(1, 20)])  # one connection: its switching time alone
+    world.connect([(4, 17), (3, 22)])  # two: each 20 ms more
+    assert [e.t_ns - t0 for e in world.events_of("circuit.lit")] == [50 * ms, 120 * ms, 190 * ms]
+
+    class Light:  # 1 mW at the port, at the meter's wavelength
+        def mean_power_mw(self, port, t0, t1):
+            return 1.0
+
+        def wavelength_at(self, port, t):
+            return 1310.0
+
+    meter = PhotodiodeChannel(Light(), Tap(21, 10.0), noise_db=0.0, dark_floor_dbm=-60, rng=random.Random(1),
+                              wavelength_nm=1310.0, offset_db=0.8)
+    assert meter.read_dbm(0, 1) == pytest.approx(-10.0 + 0.8)
+
+    answers = io.BytesIO()
+    sent = time.monotonic()
+    network = ManagementNetwork(0.02, io.BytesIO(b'{"id": 1}\n'), answers)
+    assert next(iter(network)) == b'{"id": 1}\n' and time.monotonic() - sent >= 0.01  # half the round trip in
+    network.write(b'{"id": 1, "ok": true}\n')
+    network.close()  # delivers what is under way: half the round trip out
+    assert answers.getvalue() == b'{"id": 1, "ok": true}\n' and time.monotonic() - sent >= 0.02

@@ -87,8 +87,9 @@ def test_the_summary_marks_ratios_model_and_shows_the_prediction(tmp_path, bench
 
 
 def test_a_small_message_regression_reaches_the_summary(tmp_path):
-    """busbw at every size is in the run record; a drop at one small size, beyond the noise,
-    is a regression in the summary although no limit judges it."""
+    """busbw at every size is in the run record; a drop at one small size, shown beyond the
+    nights' noise, is a regression in the summary although no limit judges it. With one night
+    before it, the same drop is shown, not judged: the noise is not known."""
     from lumion_hil.harness.measurements import Spec
 
     def record(path, small):
@@ -99,13 +100,21 @@ def test_a_small_message_regression_reaches_the_summary(tmp_path):
         path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
         return path
 
-    first = summarize(record(tmp_path / "a.jsonl", 0.0011), [])
-    history = [{"record": first["record"], "values": {r["key"]: r["value"] for r in first["rows"]},
-                "verdicts": {r["key"]: r["verdict"] for r in first["rows"]}}]
-    second = summarize(record(tmp_path / "b.jsonl", 0.0005), history)
-    assert [r["name"] for r in second["regressions"]] == ["busbw_after_8B"], second["regressions"]
+    history = []
+    for night, small in enumerate((0.00110, 0.00107, 0.00112, 0.00109)):
+        done = summarize(record(tmp_path / f"night{night}.jsonl", small), history)
+        history.append({"record": done["record"], "values": {r["key"]: r["value"] for r in done["rows"]},
+                        "verdicts": {r["key"]: r["verdict"] for r in done["rows"]}})
+    assert done["regressions"] == []
+    dropped = summarize(record(tmp_path / "b.jsonl", 0.0005), history)
+    assert [r["name"] for r in dropped["regressions"]] == ["busbw_after_8B"], dropped["regressions"]
+    row = next(r for r in dropped["regressions"])
+    assert row["decision"]["verdict"] == "differs" and row["decision"]["alpha"] < dropped["false_alarm_rate"]
     steady = summarize(record(tmp_path / "c.jsonl", 0.00108), history)
     assert steady["regressions"] == []
+    unknown = summarize(record(tmp_path / "d.jsonl", 0.0005), history[:1])
+    assert unknown["regressions"] == []
+    assert "fewer than 3" in next(r for r in unknown["rows"] if r["name"] == "busbw_after_8B")["why"]
 
 
 def test_a_limit_that_does_not_apply_is_recorded_not_comparable_with_why(tmp_path):

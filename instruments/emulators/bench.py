@@ -255,6 +255,8 @@ def agent_argv(world_address: str, host, *extra: str) -> list[str]:
     """The agent of an emulated host served by the world at ``world_address``."""
     interfaces = ",".join(f"{n.interface or n.name}={n.name}" for n in host.nics)
     latency = ["--notify-latency-s", str(host.emulation.agent_latency_s)] if host.emulation.agent_latency_s else []
+    if host.emulation.management_latency_s:
+        latency += ["--management-latency-s", str(host.emulation.management_latency_s)]
     faults = [f"--fault={fault}" for fault in host.emulation.faults]
     return [sys.executable, "-m", "lumion_hil.instruments.emulators.agent", "--world", world_address,
             "--host", host.name, "--interfaces", interfaces, *latency, *faults, *extra]

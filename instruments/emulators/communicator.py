@@ -43,6 +43,7 @@ class _Comm:
     nranks: int
     members: dict[int, int] = field(default_factory=dict)  # rank -> pid
     entered: dict[int, int] = field(default_factory=dict)  # rank -> last collective entered
+    late: set[int] = field(default_factory=set)  # ranks whose own process start outlasted the emulated start-up
 
     def complete(self) -> bool:
         return len(self.members) == self.nranks
@@ -55,10 +56,12 @@ class Communicators:
         self._latest: dict[str, _Comm] = {}  # key -> the communicator ranks join now
         self._by_id: dict[int, _Comm] = {}
 
-    def join(self, key: str, nranks: int, rank: int, pid: int, wait_s: float) -> dict:
+    def join(self, key: str, nranks: int, rank: int, pid: int, wait_s: float, late: bool = False) -> dict:
         """Rank ``rank`` (process ``pid``) of job ``key`` joins its communicator and waits (one
         slice at most) for the others; the rank asks again until it is complete or its NCCL
-        timeout passes. Returns the communicator's id, whether it is complete, and who is missing."""
+        timeout passes. Returns the communicator's id, whether it is complete, who is missing,
+        and which ranks came ``late`` (an emulated rank whose own process start, on a loaded
+        machine, outlasted the start-up it emulates: every rank's first collective waits for it)."""
         with self._cond:
             comm = self._latest.get(key)
             if comm is not None and comm.members.get(rank) == pid:
@@ -73,6 +76,8 @@ class Communicators:
                 return {"comm": None, "complete": False, "missing": [0]}
             else:
                 comm.members[rank] = pid
+            if late:
+                comm.late.add(rank)
             self._cond.notify_all()
             return self._wait_complete(comm, wait_s)
 
@@ -87,7 +92,7 @@ class Communicators:
     def _wait_complete(self, comm: _Comm, wait_s: float) -> dict:
         self._cond.wait_for(comm.complete, timeout=min(wait_s, _SLICE_S))
         return {"comm": comm.id, "complete": comm.complete(),
-                "missing": sorted(set(range(comm.nranks)) - set(comm.members))}
+                "missing": sorted(set(range(comm.nranks)) - set(comm.members)), "late": sorted(comm.late)}
 
     def enter(self, comm_id: int, rank: int, seq: int, wait_s: float) -> dict:
         """Rank ``rank`` enters collective ``seq`` of the communicator and waits (one slice at

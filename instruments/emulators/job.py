@@ -25,6 +25,22 @@ import time
 from lumion_hil.instruments.emulators.world_client import WorldClient
 
 
+def _launched_s_ago() -> float:
+    """How long ago this process was started (Linux: /proc/self/stat, to half a clock tick),
+    0 where that cannot be read. The emulated start-up counts from there: the interpreter's own
+    start is part of the launch the job emulates, not added to it (it is software that a busy
+    machine slows by tenths of a second, which would drown the start-up the bench file sets)."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as fh:
+            after_name = fh.read().rsplit(")", 1)[1].split()  # from field 3 (state) on
+        ticks = os.sysconf("SC_CLK_TCK")
+        started_s = (int(after_name[19]) + 0.5) / ticks  # field 22: starttime, clock ticks since boot
+        ago = time.clock_gettime(time.CLOCK_BOOTTIME) - started_s
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+    return ago if 0.0 <= ago < 60.0 else 0.0  # beyond: a clock that is not the kernel's boot clock (a namespace)
+
+
 class _Peers:
     """This rank's side of the job's communicator, in the world service."""
 
@@ -32,19 +48,23 @@ class _Peers:
         self.world, self.key, self.ranks, self.rank, self.timeout_s = world, key, ranks, rank, timeout_s
         self.nranks = len(ranks)
         self.comm = None
+        self.late: list[int] = []  # ranks whose own process start outlasted the emulated start-up
 
-    def init(self, told: list[dict]) -> bool:
+    def init(self, told: list[dict], late: bool = False) -> bool:
         """ncclCommInitRank: until every rank has joined, or the timeout. ``told``: what this rank
-        says it has done as it first asks (its being ready)."""
+        says it has done as it first asks (its being ready); ``late``: its own process start
+        outlasted the start-up it emulates."""
         until = time.monotonic() + self.timeout_s
         while True:
             left = until - time.monotonic()
             state = self.world.call("comm_join", key=self.key, nranks=self.nranks, rank=self.rank, pid=os.getpid(),
-                                    wait_s=max(0.0, left), ranks=self.ranks, told=told)
+                                    wait_s=max(0.0, left), ranks=self.ranks, told=told, late=late)
             told = []
             if state["complete"]:
                 self.comm = state["comm"]
+                self.late = state.get("late") or []
                 return True
+
             if time.monotonic() >= until:
                 joined = self.nranks - len(state["missing"])
                 print(f"torch.distributed.DistStoreError: Timed out after {self.timeout_s:.3g} seconds waiting for "
@@ -94,18 +114,6 @@ class _Stall:
         return True
 
 
-def _since_launch_s() -> float:
-    """Seconds since this process was launched (its start time in /proc, to a clock tick); 0
-    where that cannot be read."""
-    try:
-        with open("/proc/self/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        started_s = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime: ticks since boot
-        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started_s)
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--world", required=True)
@@ -132,15 +140,22 @@ def main(argv: list[str] | None = None) -> int:
     peers = None if args.all_ranks_here else _Peers(world, f"{args.master_port}/{args.ranks}", ranks, args.rank,
                                                     timeout_s)
     # The emulated launch and communicator set-up take the bench's start-up in all, counted from
-    # when this process was launched (the interpreter's own start is part of the launch).
-    time.sleep(max(0.0, args.startup_time_s * scale - _since_launch_s()))
+    # when this process was launched (the interpreter's own start, or the fork, is part of it).
+    launched_s, startup_s = _launched_s_ago(), args.startup_time_s * scale
+    late = launched_s > startup_s  # the machine made this process's own start longer than the one it emulates
+    time.sleep(max(0.0, startup_s - launched_s))
     # What the rank has done, told to the world with its next question (ground truth: never a
     # round trip of its own, never before the job has printed it).
     told = [{"what": "ready", "t_ns": time.monotonic_ns()}]  # the world's clock too (CLOCK_MONOTONIC)
     if peers is not None:
-        if not peers.init(told):
+        if not peers.init(told, late):
             return 1
         told = []
+    if late or (peers is not None and peers.late):
+        # said, so that a start-up measured from outside can be left out: the job's first
+        # collective waited for the emulator's own process start, not for the bench file's start-up
+        print(json.dumps({"event": "late_launch", "ranks": peers.late if peers is not None else [args.rank],
+                          "startup_s": round(startup_s, 4)}), flush=True)
     print(f"{host}:{os.getpid()}:{os.getpid()} [0] NCCL INFO comm 0x{id(world):x} rank {args.rank} "
           f"nranks {len(ranks)} cudaDev 0 busId 17000 - Init COMPLETE", flush=True)
     stall = _Stall(args.rank, timeout_s)

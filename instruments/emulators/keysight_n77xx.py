@@ -225,7 +225,8 @@ class KeysightN77xxEmulator(ScpiDevice):
         rng = random.Random(seed)
         taps = taps_for(bench, name)
         self.channels = {ch: _Channel(PhotodiodeChannel(world, taps.get(ch), noise_db=spec.emulation.noise_db,
-                                                        dark_floor_dbm=spec.emulation.dark_floor_dbm, rng=rng))
+                                                        dark_floor_dbm=spec.emulation.dark_floor_dbm, rng=rng,
+                                                        offset_db=spec.emulation.offset_db))
                          for ch in range(1, spec.channels + 1)}
         self.model = "N7744A" if spec.channels <= 4 else "N7745A"
         self.identity = f"Keysight Technologies,{self.model},EMU{seed:05d},1.0.0"

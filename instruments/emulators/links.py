@@ -53,10 +53,12 @@ class WorldLinks(SysfsLinks):
 
     def wait(self, interface: str, up: bool, timeout_s: float) -> dict:
         deadline = time.monotonic() + timeout_s
+        first = True
         while True:
             state = self.state(interface)
             if self.is_up(state) == up:
-                return {**state, "timed_out": False, "method": "netlink"}
+                return {**state, "timed_out": False, "method": "netlink", "already": first}
+            first = False
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return {**state, "timed_out": True, "method": "netlink"}

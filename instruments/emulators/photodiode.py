@@ -22,8 +22,9 @@ class Tap:
 
 class PhotodiodeChannel:
     def __init__(self, world, tap: Tap | None, *, noise_db: float, dark_floor_dbm: float, rng: random.Random,
-                 wavelength_nm: float = 1550.0):
+                 wavelength_nm: float = 1550.0, offset_db: float = 0.0):
         self.world = world
+        self.offset_db = offset_db  # a meter out of calibration reads every light this much higher
         self.tap = tap
         self.noise_db = noise_db
         self.dark_floor_dbm = dark_floor_dbm
@@ -46,7 +47,7 @@ class PhotodiodeChannel:
         light = self.world.wavelength_at(self.tap.port, t1_ns)
         if light is not None:
             power -= RESPONSIVITY_SLOPE_DB_PER_NM * (self.wavelength_nm - light)
-        return power + self.rng.gauss(0.0, self.noise_db)
+        return power + self.offset_db + self.rng.gauss(0.0, self.noise_db)
 
 
 def taps_for(bench, instrument: str) -> dict[int, Tap]:

@@ -146,7 +146,8 @@ class ThorlabsPM100Emulator(ScpiDevice):
         self.world = world
         taps = taps_for(bench, name)
         self.head = PhotodiodeChannel(world, taps.get(1), noise_db=spec.emulation.noise_db,
-                                      dark_floor_dbm=spec.emulation.dark_floor_dbm, rng=random.Random(seed))
+                                      dark_floor_dbm=spec.emulation.dark_floor_dbm, rng=random.Random(seed),
+                                      offset_db=spec.emulation.offset_db)
         self.identity = f"Thorlabs,PM100D,EMU{seed:05d},2.4.0"
         self.clock_offset_s = 0.0
         self.power_on()

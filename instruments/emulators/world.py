@@ -148,6 +148,7 @@ class World:
         self.egress_ports = switch.egress_ports
         self.switching_time_ns = self.scaled_ns(switch.emulation.switching_time_s)
         self.switching_jitter_ns = self.scaled_ns(switch.emulation.switching_jitter_s)
+        self.multi_connection_extra_ns = self.scaled_ns(switch.emulation.multi_connection_extra_s)
         self._switching_seed = bench.emulator.seed
         self._connections_made: dict[tuple[int, int], int] = {}  # pair -> how many times it was made
         self.connection_loss_db = {tuple(int(p) for p in key.split("-")): loss
@@ -278,7 +279,7 @@ class World:
             lit = start
             for ingress, egress in new:
                 moving = lit
-                lit += self._switching_ns(ingress, egress)
+                lit += self._switching_ns(ingress, egress) + (self.multi_connection_extra_ns if len(new) > 1 else 0)
                 circuit = Circuit(ingress, egress, t, lit, moving_ns=moving)
                 self.circuits.append(circuit)
                 self._touch(egress)

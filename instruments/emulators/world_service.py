@@ -221,12 +221,13 @@ class WorldService:
         return out
 
     def rpc_comm_join(self, key: str, nranks: int, rank: int, pid: int, wait_s: float, ranks: list[str] | None = None,
-                      told: list[dict] | None = None) -> dict:
+                      told: list[dict] | None = None, late: bool = False) -> dict:
         """An emulated rank joins its job's NCCL communicator (instruments/emulators/communicator.py),
-        having said what it has done (``told``, with ``ranks``: its being ready)."""
+        having said what it has done (``told``, with ``ranks``: its being ready; ``late``: its own
+        process start outlasted the start-up it emulates)."""
         if ranks is not None:
             self._tell(ranks, rank, told)
-        return self.comms.join(key, int(nranks), int(rank), int(pid), float(wait_s))
+        return self.comms.join(key, int(nranks), int(rank), int(pid), float(wait_s), bool(late))
 
     def rpc_comm_enter(self, comm: int, rank: int, seq: int, wait_s: float) -> dict:
         """An emulated rank enters collective ``seq``: done once every rank has entered it."""

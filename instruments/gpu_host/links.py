@@ -107,16 +107,21 @@ class SysfsLinks:
             return None
 
     def wait(self, interface: str, up: bool, timeout_s: float) -> dict:
-        """Until the link is up (or down). Returns the state, when it was seen, and how."""
+        """Until the link is up (or down). Returns the state, when it was seen, and how;
+        ``already``: it was so at the first look, so ``t_ns`` is when it was looked at, not when
+        it changed."""
         deadline = time.monotonic() + timeout_s
         sock = self._netlink()
         method = "netlink" if sock else "polling"
         woke = None  # when netlink last woke us: the instant a change read just after was announced
+        first = True
         try:
             while True:
                 state = self.state(interface)
                 if self.is_up(state) == up:
-                    return {**state, "t_ns": woke or state["t_ns"], "timed_out": False, "method": method}
+                    return {**state, "t_ns": woke or state["t_ns"], "timed_out": False, "method": method,
+                            "already": first}
+                first = False
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return {**state, "timed_out": True, "method": method}

@@ -1,0 +1,111 @@
+"""The flake budget, measured: how often each test that judges time passes beside a busy core.
+
+Every test marked ``alone`` (scripts/tests runs them one at a time: they judge timing or
+throughput against the emulator's ground truth or a recording) and the other tests that judge
+time against ground truth (``TIMING`` below) run N times, one pytest after another, as CI's
+first phase runs them, while a busy loop (``python3 -c "while True: pass"``, started here and
+stopped at the end) takes one of the machine's cores. It prints each test's pass rate, its
+failures' first lines, the load average before and after, and the time it took.
+
+A test that fails here without a real regression is a defect of the test: its fix is a better
+design (more samples, a stated decision, harness/decisions.py), never a wider tolerance.
+
+    .venv/bin/python perf/flakes.py                  # every such test, 20 times (hours: the alone phase x 20)
+    .venv/bin/python perf/flakes.py --runs 5 -k recovery
+    .venv/bin/python perf/flakes.py --no-busy-core   # the same on a quiet machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# Tests not marked alone that judge a time against the emulator's ground truth.
+TIMING = [
+    "tests/test_gpu_host.py::test_failed_gpu_shows_as_xid_within_milliseconds",
+    "tests/test_gpu_host.py::test_cut_circuit_takes_carrier_down_at_the_worlds_instant",
+    "tests/test_gpu_host.py::test_clock_mapping_places_offset_host_events_within_the_uncertainty",
+    "tests/test_world.py::test_a_link_coming_up_between_two_questions_still_wakes_its_waiter",
+]
+
+
+def _outcomes(junit: Path) -> dict[str, tuple[str, str]]:
+    """test id -> (passed|failed|skipped, the first line of why) from pytest's JUnit XML."""
+    out = {}
+    if not junit.exists():
+        return out
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        test = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        outcome, why = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            found = case.find(tag)
+            if found is not None:
+                outcome = "skipped" if tag == "skipped" else "failed"
+                why = (found.get("message") or found.text or "").strip().splitlines()[0][:160] if (
+                    found.get("message") or found.text) else ""
+                break
+        out[test] = (outcome, why)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=20, help="how many times each test runs (default 20)")
+    parser.add_argument("-k", dest="keyword", default=None, help="only the tests pytest's -k selects")
+    parser.add_argument("--no-busy-core", action="store_true", help="no busy loop beside the tests")
+    args = parser.parse_args()
+    keyword = ["-k", args.keyword] if args.keyword else []
+    env = {**os.environ, "LUMION_HIL_LOCK_DIR": os.environ.get("LUMION_HIL_LOCK_DIR") or tempfile.mkdtemp(
+        prefix="lumion-hil-flakes-")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    busy = None if args.no_busy_core else subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    tallies: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    failures: dict[str, list[str]] = collections.defaultdict(list)
+    started, load_before = time.monotonic(), os.getloadavg()
+    print(f"{'beside a busy core' if busy else 'on a quiet machine'}: {args.runs} runs; load average "
+          f"{load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}", flush=True)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for run in range(1, args.runs + 1):
+                for phase, targets in (("alone", ["tests", "-m", "alone", *keyword]), ("timing", [*TIMING, *keyword])):
+                    junit = Path(tmp) / f"{phase}-{run}.xml"
+                    t0 = time.monotonic()
+                    subprocess.run([sys.executable, "-m", "pytest", *targets, "-q", "-p", "no:cacheprovider",
+                                    f"--junitxml={junit}"], cwd=ROOT, env=env, capture_output=True, text=True)
+                    outcomes = _outcomes(junit)
+                    for test, (outcome, why) in outcomes.items():
+                        tallies[test][outcome] += 1
+                        if outcome == "failed":
+                            failures[test].append(f"run {run}: {why}")
+                    bad = [t for t, (o, _) in outcomes.items() if o == "failed"]
+                    print(f"run {run}/{args.runs} {phase}: {len(outcomes)} tests in {time.monotonic() - t0:.0f} s, "
+                          f"{len(bad)} failed{': ' + ', '.join(bad) if bad else ''}; load average "
+                          f"{os.getloadavg()[0]:.2f}", flush=True)
+    finally:
+        if busy is not None:
+            busy.terminate()
+            busy.wait()
+    print(f"\npass rate per test ({args.runs} runs{', beside a busy core' if busy else ''}):")
+    for test, tally in sorted(tallies.items()):
+        runs = sum(tally.values())
+        print(f"  {tally['passed']:3}/{runs - tally['skipped']:<3} {test}"
+              + (f"  (skipped {tally['skipped']})" if tally["skipped"] else ""))
+        for line in failures.get(test, [])[:5]:
+            print(f"        {line}")
+    load_after = os.getloadavg()
+    print(f"\n{sum(t['failed'] for t in tallies.values())} failures in {sum(sum(t.values()) for t in tallies.values())} "
+          f"test runs; {time.monotonic() - started:.0f} s; load average before {load_before[0]:.2f}, after "
+          f"{load_after[0]:.2f} (1 min), {load_after[2]:.2f} (15 min)")
+    return 1 if any(t["failed"] for t in tallies.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
