@@ -131,10 +131,11 @@ def test_busbw_after_recovery_matches_before(story, bench_file, measure):
 
 
 def _shaping(session, bench_file) -> str:
-    """What the ratio follows from on a bench whose rates are shaped (the namespaced one)."""
+    """What the ratio follows from on a bench whose rates are shaped (the namespaced one); nothing
+    on a bench that models its links (its basis, `model`, already says so)."""
     scale = getattr(getattr(bench_file, "netns", None), "rate_scale", None)
     if session.backend.kind != "netns" or scale is None:
-        return "the bench's links"
+        return ""
     rack = bench_file.electrical
     return (f"the shaping: optical NICs at the bench file's rates x {scale:g}, electrical NICs at "
             f"{rack.nic_gbps.value * scale * 1000:g} Mb/s, each rack's uplink its servers' over "
@@ -177,7 +178,7 @@ def test_busbw_ratio_optical_over_electrical(story, session, bench_file, measure
             measure(Spec(f"allreduce_busbw_ratio_uplinks_halved{tag}", "ratio", description="optical over electrical "
                          "with the racks' uplinks halved"), halved_ratio, predicted=None if rings == 0 else expected.value,
                     prediction=f"uplinks halved: {expected.why}", library=made_by,
-                    follows_from=follows + ", the uplinks halved")
+                    follows_from=follows and follows + ", the uplinks halved")
             measure(Spec(f"allreduce_busbw_ratio_moved_by_halved_uplinks{tag}", "ratio", description="optical over "
                          "electrical with the uplinks halved / with them as the bench file gives them").at_least(
                 1 + (move - 1) / 2, f"the shaping: halving the uplinks moves the ratio {move:.2f}x (bench file's "
