@@ -255,7 +255,7 @@ class Overhead:
 
 def _covered_ns(spans: list[tuple[int, int]], lo: int, hi: int) -> int:
     """How much of [lo, hi] the spans cover, overlaps counted once."""
-    clipped = sorted((max(a, lo), min(b, hi)) for a, b in spans if b > lo and a < hi)
+    clipped = sorted((max(a, lo), min(b, hi)) for a, b in spans if b > lo and a < hi and b > a)
     covered, reach = 0, lo
     for a, b in clipped:
         if b > reach:
@@ -368,7 +368,7 @@ def controller_overhead(session, fault_ns: int, restart: Restart, before: dict[i
         spans["light and lock"] = lock
         others = [c for c in made if c not in final.values()]
         wasted["switching"] = sum(c.lit_ns - (c.moving_ns or c.commanded_ns) for c in others) / 1e9
-        ready = _world_ready_ns(world, restart)
+        ready = _world_ready_ns(world, restart, fault_ns, end)
     else:
         basis = ("the switch commands the harness saw, the carrier stamps of the NICs' agents, and the job's own "
                  "communicator-ready lines")
@@ -400,15 +400,19 @@ def controller_overhead(session, fault_ns: int, restart: Restart, before: dict[i
                     {k: _covered_ns(v, fault_ns, end) / 1e9 for k, v in spans.items()}, basis, wasted, added, removed)
 
 
-def _world_ready_ns(world, restart: Restart) -> int | None:
+def _world_ready_ns(world, restart: Restart, fault_ns: int, end_ns: int) -> int | None:
     """Every rank of the restart ready, from the world's record: the instant each rank's job
-    process said it had started (after its own start-up), the latest of them."""
+    process said it had started (after its own start-up), the latest of them. A rank's ready is
+    its last before the first step (a process started and stopped again after the fault said
+    ready earlier), and it may precede the instant the agent stamped the start: a process forked
+    from a warm one, with a start-up shorter than the fork's round trip, is ready before the
+    agent's ``popen`` returns."""
     instants = []
     for host in restart.ranks:
-        ready = [e.t_ns for e in world.events_of("job.ready", host) if e.t_ns >= restart.started_ns[host]]
+        ready = [e.t_ns for e in world.events_of("job.ready", host) if fault_ns <= e.t_ns <= end_ns]
         if not ready:
             return None
-        instants.append(min(ready))
+        instants.append(max(ready))
     return max(instants)
 
 

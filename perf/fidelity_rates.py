@@ -63,7 +63,7 @@ VARIANTS = {
     "same": (lambda text: text, None),
     "switch": (_swap("switching_time_s: 0.05 ", "switching_time_s: 0.055"), "instruments.ocs.emulation.switching_time_s"),
     "nic": (lambda text: _host_nics(text, 1.1), "lock_time_s+link_up_time_s"),
-    "job": (_swap("startup_time_s: 1.0 ", "startup_time_s: 1.1 "), "job.startup_time_s"),
+    "job": (_swap("startup_time_s: 0.5 ", "startup_time_s: 0.55"), "job.startup_time_s"),
     "loss": (_swap("insertion_loss_db: 1.5 ", "insertion_loss_db: 2.0 "), "instruments.ocs.emulation.insertion_loss_db"),
 }
 
