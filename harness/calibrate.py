@@ -8,8 +8,9 @@ analysis of the exchanges), never from the recorded bench's own settings:
   durations to ``*OPC?`` against the connections each made, less the commands' own round trip
   (the commands that made none);
 - loss per port pair: each lit reading of a detector against the light its path launched
-  (the NIC's launch power less its fibre and the connectors), the median per pair: the least
-  lossy pair is the switch's insertion loss, each other pair's excess its connection loss;
+  (the NIC's launch power less its fibre and the connectors), the median per pair, read at the
+  switch's own monitor where one is on the path (a meter's offset is not the pair's loss): the
+  least lossy pair is the switch's insertion loss, each other pair's excess its connection loss;
 - meter and monitor noise: the spread of back-to-back readings of an unchanged path;
 - NIC lock and bring-up per host: a circuit lit to its NIC's carrier as the agent stamped it
   (the two are not separable from outside: split as the bench file splits them);
@@ -83,13 +84,19 @@ def fit(bench, transcripts: list[tuple[str, dict, list[dict]]]) -> Fit:
     for host in bench.topology.hosts:
         for nic in host.nics:
             launch[nic.tx_port] = nic.launch_dbm - nic.tx_fibre_loss_db
-    losses: dict[tuple[int, int], list[float]] = {}
+    # A pair's loss is read at the switch's own monitor where it has one on the path: a meter
+    # elsewhere on it may read with an offset of its own (out of calibration), which is no loss
+    # of the pair; pooled with the monitor's readings, the median took one or the other as the
+    # two detectors' counts fell (fitted_on's 2-21 as 0 or 0.8 dB, run to run).
+    by_detector: dict[tuple[int, int], dict[str, list[float]]] = {}
     for a, _ in analyses:
         for position, (ingress, egress) in a.paths.items():
             reading = a.readings[position]
             if ingress in launch:
-                losses.setdefault((ingress, egress), []).append(
+                by_detector.setdefault((ingress, egress), {}).setdefault(reading.instrument, []).append(
                     launch[ingress] - bench.topology.connector_loss_db - reading.dbm)
+    monitor = bench.topology.switch
+    losses = {pair: at.get(monitor) or [v for values in at.values() for v in values] for pair, at in by_detector.items()}
     if losses:
         per_pair = {pair: _median(v) for pair, v in losses.items()}
         base = min(per_pair.values())

@@ -99,7 +99,7 @@ PROOFS = [
      {"controller_report_rank_map"}),
     ("slow_controller=1500", ["test_recovery_time.py"], "migration or degraded", 0.1, None,
      {"migration_over_optical_recovery"}),
-    ("slow_controller=600", ["test_collective_bandwidth.py"], None, 0.1, None, {"nccl_resync"}),
+    ("slow_controller=1000", ["test_collective_bandwidth.py"], None, 0.1, None, {"nccl_resync"}),
     ("early_first_step=200", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.2, None,
      {"controller_report_error"}),
     ("spare_in_use", ["test_recovery_time.py"], "test_recovery_time and (gpu_failure or process_kill)", 0.2, None,

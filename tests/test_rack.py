@@ -234,18 +234,30 @@ def test_a_nic_is_in_one_circuit_at_most(fresh):
 # -- 3. rates ------------------------------------------------------------------------------------
 
 
+def best_mbit(rack: Rack, shaped_mbit: float, *path: str, tries: int = 3) -> float:
+    """The most a path carried in up to ``tries`` transfers, stopping at the first within 10% of
+    its shaped rate: a shaper sets a ceiling, and a loaded machine (two test workers on two
+    cores) only keeps a sender below it now and then (85.6 of 100 Mb/s once, in CI)."""
+    best = 0.0
+    for _ in range(tries):
+        best = max(best, transfer_mbit(rack, *path))
+        if best >= shaped_mbit * 0.9:
+            break
+    return best
+
+
 def test_a_joined_pair_carries_its_shaped_rate_and_the_uplink_follows_set_uplink_mbit(fresh):
     a, b = ("gpu2", "nic0"), ("gpu3", "nic0")
     fresh.set_carrier(*a, True)
     fresh.set_carrier(*b, True)
     fresh.join(a, b)
-    optical = transfer_mbit(fresh, "gpu2", "p0", fresh.optical_address(*a), "gpu3", fresh.optical_address(*b))
+    optical = best_mbit(fresh, NIC_MBIT, "gpu2", "p0", fresh.optical_address(*a), "gpu3", fresh.optical_address(*b))
     # across racks the electrical path is limited by the uplink (50 < the NICs' 100), then by 20
-    cross = transfer_mbit(fresh, "gpu0", "eth1", fresh.electrical_address("gpu0"),
-                          "gpu2", fresh.electrical_address("gpu2"))
+    cross = best_mbit(fresh, UPLINK_MBIT, "gpu0", "eth1", fresh.electrical_address("gpu0"),
+                      "gpu2", fresh.electrical_address("gpu2"))
     fresh.set_uplink_mbit(20)
-    slowed = transfer_mbit(fresh, "gpu0", "eth1", fresh.electrical_address("gpu0"),
-                           "gpu2", fresh.electrical_address("gpu2"))
+    slowed = best_mbit(fresh, 20, "gpu0", "eth1", fresh.electrical_address("gpu0"),
+                       "gpu2", fresh.electrical_address("gpu2"))
     print(f"\noptical {optical:.1f} of {NIC_MBIT:g} Mb/s; uplink {cross:.1f} of {UPLINK_MBIT:g}, "
           f"then {slowed:.1f} of 20")
     assert NIC_MBIT * 0.9 <= optical <= NIC_MBIT * 1.05
