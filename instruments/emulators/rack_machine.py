@@ -50,7 +50,8 @@ def _probe() -> tuple[bool, str]:
         caps = 0
     missing = [name for bit, name in ((12, "CAP_NET_ADMIN"), (21, "CAP_SYS_ADMIN")) if not caps >> bit & 1]
     if missing:
-        return False, f"not root (uid {os.geteuid()}): {', '.join(missing)} missing"
+        who = "not root" if os.geteuid() != 0 else "root without its capabilities (a container's bounding set?)"
+        return False, f"{who} (uid {os.geteuid()}): {', '.join(missing)} missing"
     probe = f"lh-probe-{os.getpid()}"
     try:
         create_netns(probe)
