@@ -240,21 +240,34 @@ def _model_busbw_gbps(size: int) -> float:
 
 @pytest.mark.alone  # throughput of real sockets against the model: a busy core moves it (scripts/tests)
 def test_ring_perf_output_parses_and_its_busbw_matches_the_cost_model(rack, tmp_path):
+    """The shaper sets a ceiling the ring cannot pass; TCP reaches it in most sweeps and falls
+    short now and then (0.84 of the model once in a clean-clone CI run's alone phase): the
+    sweep runs again, up to three times, until its largest size is within the tolerance. One
+    above it fails at once (the shaping does not hold)."""
     shaped = []
+    env = {"LUMION_HIL_RANKS": ",".join(HOSTS), "LUMION_HIL_MASTER": "198.19.2.1:29700",
+           "NCCL_SOCKET_IFNAME": "p0,p1", "LUMION_HIL_TIMEOUT_S": "30"}
+    argv = ["-m", "lumion_hil.instruments.emulators.ring_perf", "--program", "all_reduce_perf",
+            "-b", "256K", "-e", "4M", "-f", "16", "-w", "2", "-n", "3", "-c", "1"]
     try:
         for ns, ifname in rack.optical_ends():
             subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", ifname, "root", "tbf", "rate",
                             f"{SHAPED_MBIT}mbit", "burst", "64kb", "latency", "100ms"], check=True, capture_output=True)
             shaped.append((ns, ifname))
-        json_file = tmp_path / "all_reduce.json"
-        env = {"LUMION_HIL_RANKS": ",".join(HOSTS), "LUMION_HIL_MASTER": "198.19.2.1:29700",
-               "NCCL_SOCKET_IFNAME": "p0,p1", "LUMION_HIL_TIMEOUT_S": "30"}
-        argv = ["-m", "lumion_hil.instruments.emulators.ring_perf", "--program", "all_reduce_perf",
-                "-b", "256K", "-e", "4M", "-f", "16", "-w", "2", "-n", "3", "-c", "1"]
-        with ranks(rack, lambda r: argv + (["-J", str(json_file)] if r == 0 else []),
-                   env_of=lambda r: {**env, "LUMION_HIL_RANK": str(r)}) as procs:
-            codes = [p.finish(60) for p in procs]
-            assert codes == [0, 0, 0], [p.err[-5:] for p in procs]
+        for attempt in range(3):
+            json_file = tmp_path / f"all_reduce-{attempt}.json"
+            with ranks(rack, lambda r: argv + (["-J", str(json_file)] if r == 0 else []),
+                       env_of=lambda r: {**env, "LUMION_HIL_RANK": str(r)}) as procs:
+                codes = [p.finish(60) for p in procs]
+                assert codes == [0, 0, 0], [p.err[-5:] for p in procs]
+            (precise,) = parse_runs(json_file.read_text())  # -J's JSON: the same run, unrounded
+            big = precise.rows[-1]
+            predicted = _model_busbw_gbps(big.size_bytes)
+            ratios = [place.busbw_gbps / predicted for place in (big.out_of_place, big.in_place)]
+            assert max(ratios) <= 1 + BUSBW_TOLERANCE, \
+                f"busbw {max(ratios) * predicted:.4f} GB/s above the shaped model's {predicted:.4f} GB/s"
+            if min(ratios) >= 1 - BUSBW_TOLERANCE:
+                break
     finally:
         for ns, ifname in shaped:
             subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", ifname, "root"], capture_output=True)
@@ -264,12 +277,9 @@ def test_ring_perf_output_parses_and_its_busbw_matches_the_cost_model(rack, tmp_
     (run,) = parse_runs(text)
     assert run.collective == "all_reduce" and run.ranks == 3 and run.total_wrong == 0 and run.out_of_bounds == 0
     assert [row.size_bytes for row in run.rows] == [256 << 10, 4 << 20]
-    (precise,) = parse_runs(json_file.read_text())  # -J's JSON: the same run, unrounded
-    big = precise.rows[-1]
-    predicted = _model_busbw_gbps(big.size_bytes)
     for place in (big.out_of_place, big.in_place):
         assert abs(place.busbw_gbps / predicted - 1) <= BUSBW_TOLERANCE, \
-            f"busbw {place.busbw_gbps:.4f} GB/s, the model says {predicted:.4f} GB/s"
+            f"busbw {place.busbw_gbps:.4f} GB/s, the model says {predicted:.4f} GB/s (in {attempt + 1} sweeps)"
     assert abs(run.rows[-1].out_of_place.busbw_gbps - big.out_of_place.busbw_gbps) <= 0.005
 
 
