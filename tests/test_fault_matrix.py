@@ -24,6 +24,11 @@ from lumion_hil.instruments.protocols import InstrumentError, OutOfRange
 TIMEOUT_S = 0.5  # every driver's I/O deadline in this module
 DOWN_S = 0.3  # how long a power loss lasts
 DELAY_S = 1.0  # a delayed reply comes this late: past the deadline
+# The serial switch has no *OPC?: a command's completion is read with its read timeout, which the
+# binding raises to the completion deadline (2 x TIMEOUT_S = 1.0 s). A reply 1.0 s late then
+# raced it (each query answered just in time or not: 14 s for a read-back of 16 ports once):
+# its delayed reply comes well past that.
+SERIAL_DELAY_S = 3.0
 SCALE = 0.1
 
 # What each cell must end in: "ok" (the operation's correct result), "error" (an InstrumentError),
@@ -65,8 +70,8 @@ def serial_bench():
         yield emulated
 
 
-def _fault(name: str) -> str:
-    return {"delay": f"delay={DELAY_S}", "power_loss": f"power_loss={DOWN_S}"}.get(name, name)
+def _fault(name: str, delay_s: float = DELAY_S) -> str:
+    return {"delay": f"delay={delay_s}", "power_loss": f"power_loss={DOWN_S}"}.get(name, name)
 
 
 def _driver(bench: EmulatedBench, instrument: str):
@@ -91,14 +96,15 @@ def _judge(model: str, fault: str, outcome: str, result, elapsed: float, deadlin
         assert text.startswith(f"{instrument}: ") and result.command and result.reason, text
 
 
-def _switch_cell(bench: EmulatedBench, model: str, fault: str, pair: tuple[int, int]) -> None:
+def _switch_cell(bench: EmulatedBench, model: str, fault: str, pair: tuple[int, int],
+                 delay_s: float = DELAY_S) -> None:
     name = bench.bench.topology.switch
     baseline = bench.bench.safety.baseline
     bench.world.replace_all(baseline)
     driver = _driver(bench, name)
     guarded = GuardedSwitch(driver, bench.bench.safety.protected_ports, baseline)
     try:
-        bench.set_fault(name, _fault(fault))
+        bench.set_fault(name, _fault(fault, delay_s))
         outcome, result, elapsed = _outcome(lambda: (guarded.connect([pair]), guarded.connections())[1])
         if outcome == "ok":
             assert result.get(pair[0]) == pair[1] and bench.world.connections().get(pair[0]) == pair[1], \
@@ -121,7 +127,7 @@ def test_polatis(tcp_bench, fault):
 
 @pytest.mark.parametrize("fault", list(SERIAL_SWITCH))
 def test_dicon(serial_bench, fault):
-    _switch_cell(serial_bench, "dicon-matrix", fault, (9, 25))
+    _switch_cell(serial_bench, "dicon-matrix", fault, (9, 25), SERIAL_DELAY_S)
 
 
 @pytest.mark.parametrize("model,instrument", [("keysight-n77xx", "pm-lab"), ("thorlabs-pm100", "pm-usb")])
