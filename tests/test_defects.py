@@ -177,7 +177,11 @@ STILL_GREEN = {
 MAY_TURN_RED = {"ignores_fading_light": {"sequences_explored", "sequence_recovery_time",
                                          "test:test_failure_sequences[shard0]", "test:test_failure_sequences[shard1]"},
                 # the wasted 0.3 s may take the job's running again past LUMION's ~1 s at real time
-                "wrong_spare_first": {"recovery_to_restart_lumion"}}
+                "wrong_spare_first": {"recovery_to_restart_lumion"},
+                # 300 ms on a recovery of about 0.2 s at a fifth of real time puts the job's running
+                # again at LUMION's bound there (1 s x 0.2 x 1.25 + 0.25 s = 0.5 s): 0.517 s once in a
+                # clean-clone CI run; where it lands is the defect's size, not noise to hide
+                "slow_controller=300": {"recovery_to_restart_lumion"}}
 
 # The value a defect's red verdict must take, where the defect says how large it is: (verdict,
 # at least, at most). The dawdle past the job's start-up (400 ms) is all overhead, and no more
