@@ -157,8 +157,9 @@ class BenchBackend(abc.ABC):
     def not_comparable(self, what: str) -> str | None:
         """Why this bench's figures of ``what`` cannot be judged against a published prototype's:
         ``"job"`` (times that contain the job's start-up and steps), a library of
-        :meth:`collective_libraries` (its bandwidth), or ``"LIBRARY:model"`` (its figures
-        against the cost model's prediction); None: they can."""
+        :meth:`collective_libraries` (its bandwidth), ``"LIBRARY:model"`` (its figures
+        against the cost model's prediction), or ``"job:model"`` (the job's step rates against
+        the cost model's, through the library the job all-reduces with); None: they can."""
         return None
 
     def scale_uplinks(self, factor: float) -> bool:

@@ -169,7 +169,12 @@ class NetnsBench(EmulatedBench):
 
     def not_comparable(self, what: str) -> str | None:
         """``job``; a library (against the published ratio); ``LIBRARY:model`` (against the
-        cost model's prediction)."""
+        cost model's prediction); ``job:model`` (the job's step rates against the cost model's:
+        the PyTorch job all-reduces its gradients with gloo, the light ring job with lumion-hil's
+        ring, which is the model's)."""
+        if what == "job:model":
+            return (None if not self._torch_job() else
+                    "the PyTorch job all-reduces its gradients with gloo: " + self.not_comparable("gloo:model"))
         if what == "job":
             return (None if not self._torch_job() else
                     "a PyTorch job on gloo over TCP on a 2-core CPU machine, its GPU compute emulated: each start "
