@@ -143,16 +143,22 @@ def fit(bench, transcripts: list[tuple[str, dict, list[dict]]]) -> Fit:
         out.set(f"{path}.link_up_time_s", round(total * (1 - share), 5), source)
 
     # Job start-up.
-    starts, steps = [], []
-    for a, scale in analyses:
-        for values in a.job_start.values():
-            starts += [v / scale for v in values]
-        steps += [s / scale for s in a.step_s]
+    steps = [s / scale for a, scale in analyses for s in a.step_s]
+    step = _median(steps) if steps else 0.0
+    starts = [v for a, scale in analyses for v in _startups(a, scale, step)]
     if starts and bench.job is not None:
-        step = _median(steps) if steps else 0.0
-        out.set("job.startup_time_s", round(max(0.0, _median(starts) - step), 4),
-                f"{names}: {len(starts)} job starts to their first step, less one step ({len(steps)} steps)")
+        ready = sum(len(a.job_start.get("communicator ready", [])) for a, _ in analyses)
+        out.set("job.startup_time_s", round(max(0.0, _median(starts)), 4),
+                f"{names}: {len(starts)} job starts from their last rank's process start, {ready} to the ranks' "
+                f"communicator ready, the others to their first step less one step ({len(steps)} steps)")
     return out
+
+
+def _startups(a, scale: float, step_s: float) -> list[float]:
+    """A transcript's job start-ups at real time: to the communicator ready where the ranks
+    said it, else to the first step less one step (``step_s``, real time)."""
+    ready = [v / scale for v in a.job_start.get("communicator ready", [])]
+    return ready + [max(0.0, v / scale - step_s) for v in a.job_start.get("first step", [])]
 
 
 def _bringup(analyses, host: str) -> tuple[list[float], bool]:
@@ -235,10 +241,10 @@ def refine(bench_text: str, bench_name: str, fitted: Fit, transcripts, load) -> 
                 share = lock[0] / total if total else 0.0
                 corrected(f"{key}.lock_time_s", delta * share, "link up after light")
                 corrected(f"{key}.link_up_time_s", delta * (1 - share), "link up after light")
-    ja = [v for vs in a.job_start.values() for v in vs]
-    jb = [v for vs in b.job_start.values() for v in vs]
-    if ja and jb:
-        corrected("job.startup_time_s", (_median(ja) - _median(jb)) / scale, "job start to first step")
+    # the same kind of start-up on both (their step is the same bench's: it cancels)
+    ja, jb = _startups(a, 1.0, 0.0), _startups(b, 1.0, 0.0)
+    if ja and jb and sorted(a.job_start) == sorted(b.job_start):
+        corrected("job.startup_time_s", (_median(ja) - _median(jb)) / scale, "job start-up")
     return out
 
 

@@ -11,7 +11,9 @@ again; what followed an exchange's reply waits for it). Then, side by side:
   connections, to its completion, and per connection), ``light`` (a switch command to the first
   reading that sees its light), ``link_up`` (a circuit lit to its NIC's carrier, as the agent
   stamped it, per host), ``agent`` (a plain agent call's round trip, per host) and
-  ``job_start`` (a job started to its first step, per host);
+  ``job_start`` (a job's start-up: its last rank's process start to the job's communicator
+  ready, as its ranks say it (NCCL's ``Init COMPLETE``, a ``communicator_ready`` event), or
+  where no one asked for that, to its first step);
 
 and the bench-file parameters that the differences point at. The same analysis of a transcript
 feeds ``lumion-hil calibrate`` (harness/calibrate.py).
@@ -117,6 +119,9 @@ class Analysis:
     light: list[float] = field(default_factory=list)
     link_up: dict[str, list[float]] = field(default_factory=dict)
     agent: dict[str, list[float]] = field(default_factory=dict)
+    # A job's start-up, from its last rank's process start, by what ended it: "communicator
+    # ready" (the ranks' own line) or "first step" (rank 0's first step seen: the start-up plus
+    # the first collective and step)
     job_start: dict[str, list[float]] = field(default_factory=dict)
     step_s: list[float] = field(default_factory=list)
     readings: list[Reading] = field(default_factory=list)
@@ -154,7 +159,7 @@ def analyse(bench, entries: list[dict]) -> Analysis:
     dicon_started = 0
     last_reading: dict[int, Reading] = {}
     units: dict[tuple[str, int], str] = {}
-    job_started: dict[str, tuple] = {}  # host -> (when asked, the agent's stamp of the process start)
+    jobs: list[_JobStart] = []  # every job start, its ranks' process starts on the harness's clock
     last_step: dict[str, tuple] = {}  # host -> (step waited for, when it came)
     nic_of = {(h.name, (n.interface or n.name)): n for h in bench.topology.hosts for n in h.nics}
     models = {name: spec.model for name, spec in bench.instruments.items()}
@@ -250,27 +255,40 @@ def analyse(bench, entries: list[dict]) -> Analysis:
                 out.agent.setdefault(host, []).append((done - t) / 1e9)
                 out.agent_at.setdefault(host, []).append(index)
             elif method == "job_start":
-                job_started[host] = (t, result.get("started_ns") if isinstance(result, dict) else None)
+                job = jobs[-1] if jobs else None
+                world_size = _world_size(e.get("params") or {})
+                if job is None or job.ended is not None or host in job.started or len(job.started) >= job.world_size:
+                    job = _JobStart(index, world_size)
+                    jobs.append(job)
+                stamp = result.get("started_ns") if isinstance(result, dict) else None
+                job.started[host] = _on_harness_clock(offsets, host, stamp, e) if isinstance(stamp, int) else t
+            elif method in ("job_wait_event", "job_events") and (
+                    (e.get("params") or {}).get("event") in READY_EVENTS + (None,)):
+                found = result.get("event") if isinstance(result, dict) else result
+                found = [x for x in (found if isinstance(found, list) else [found]) if isinstance(x, dict)]
+                ready = next((x for x in found if x.get("event") in READY_EVENTS), None)
+                job = _job_of(jobs, host)
+                if job is not None:
+                    job.late |= _late(result) or any(x.get("event") == "late_launch" for x in found)
+                    if ready is not None and isinstance(ready.get("t_ns"), int):
+                        job.ready(_on_harness_clock(offsets, host, ready["t_ns"], e), "communicator ready")
             elif method == "job_wait_step" and isinstance(result, dict) and result.get("reached"):
                 step = (e.get("params") or {}).get("step")
-                if step == 1 and host in job_started:
-                    asked, started_ns = job_started.pop(host)
-                    progress = result.get("progress") or {}
+                job = _job_of(jobs, host)
+                progress = result.get("progress") or {}
+                if job is not None:
+                    job.late |= _late(result)
+                if step == 1 and job is not None and job.ended is None:
+                    # On the host's own clock where it says (its first step's line read): a wait
+                    # for the step asked after the step came tells only when it was asked, and
+                    # is not counted (nor a start whose ranks' own process start, slowed by a
+                    # busy machine, outlasted the start-up it emulates: it says so, late_launch).
                     seen_ns = progress.get("t_ns")
-                    # On the host's own clock where it says (the process started, its first step's
-                    # line read): a wait for the step asked after the step came tells only when it
-                    # was asked. Else the harness's own times. Not counted: a start whose first
-                    # step the wait did not see (asked after later steps), and an emulated job
-                    # whose own process start, slowed by a busy machine, outlasted the start-up
-                    # it emulates (it says so: late_launch).
-                    late = any("late_launch" in str(line) for line in result.get("last_lines") or [])
-                    if isinstance(seen_ns, int) and isinstance(started_ns, int):
-                        start_s = (seen_ns - started_ns) / 1e9 if progress.get("step") == 1 else None
+                    if isinstance(seen_ns, int):
+                        if progress.get("step") == 1:
+                            job.ready(_on_harness_clock(offsets, host, seen_ns, e), "first step")
                     else:
-                        start_s = (done - asked) / 1e9
-                    if start_s is not None and not late:
-                        out.job_start.setdefault(host, []).append(start_s)
-                        out.job_start_at.setdefault(host, []).append(index)
+                        job.ready(done, "first step")
                 previous = last_step.get(host)
                 if previous is not None and isinstance(step, int) and step == previous[0] + 1:
                     out.step_s.append((done - previous[1]) / 1e9)
@@ -288,7 +306,60 @@ def analyse(bench, entries: list[dict]) -> Analysis:
                 if lit is not None and 0 < event - lit < 30e9:
                     out.link_up.setdefault(host, []).append((event - lit) / 1e9)
                     out.link_events.append((index, host, nic.rx_port, lit, event, alone.get(nic.rx_port, False)))
+    for job in jobs:
+        if job.ended is not None and job.started and not job.late:
+            out.job_start.setdefault(job.ended_by, []).append((job.ended - max(job.started.values())) / 1e9)
+            out.job_start_at.setdefault(job.ended_by, []).append(job.index)
     return out
+
+
+READY_EVENTS = ("nccl_init", "communicator_ready")  # a job's communicator ready, in its ranks' own words
+
+
+@dataclass
+class _JobStart:
+    """One start of the job: its ranks' process starts (harness clock) and what ended its start-up."""
+
+    index: int  # the exchange of its first rank's start: the same in a recording and its replay
+    world_size: int
+    started: dict[str, int] = field(default_factory=dict)
+    ended: int | None = None
+    ended_by: str = ""
+    # its ranks' own process start outlasted the start-up it emulates (an emulated job says so,
+    # late_launch): its start-up is the machine's, not counted
+    late: bool = False
+
+    def ready(self, at_ns: int, by: str) -> None:
+        # the ranks' own ready line is the start-up; a first step stands for it where no one asked
+        if self.ended is None or (by == "communicator ready" and self.ended_by != by):
+            self.ended, self.ended_by = at_ns, by
+
+
+def _world_size(params: dict) -> int:
+    command = params.get("command") or []
+    if "--ranks" in command[:-1]:
+        return len(str(command[command.index("--ranks") + 1]).split(","))
+    try:
+        return max(1, int((params.get("fields") or {}).get("world_size") or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
+def _job_of(jobs: list[_JobStart], host: str) -> _JobStart | None:
+    """The latest start of the job with a rank on ``host``."""
+    return next((job for job in reversed(jobs) if host in job.started), None)
+
+
+def _late(result) -> bool:
+    return isinstance(result, dict) and any("late_launch" in str(line) for line in result.get("last_lines") or [])
+
+
+def _on_harness_clock(offsets: dict[str, tuple[int, int]], host: str, stamp: int, e: dict) -> int:
+    """A host's stamp on the harness's clock (through the host's offset; without one, from this
+    exchange's own reply)."""
+    done = e.get("done_ns", e.get("t_ns", 0))
+    offset = offsets[host][1] if host in offsets else (e["remote_ns"] - done if e.get("remote_ns") else 0)
+    return stamp - offset
 
 
 def _power_readings(e: dict, model: str, name: str, units: dict, bench) -> list[tuple[int, float]]:
@@ -824,9 +895,10 @@ def compare(bench, recorded: list[dict], replayed: list[dict], time_scale: float
         # a difference as large as the quicker side's own round trip
         add(f"agent {host}", x, y, AGENT_MARGIN * min(_location(x.values()) or 1.0, _location(y.values()) or 1.0))
     if a.job_start or b.job_start:
-        # One start-up for every rank (job.startup_time_s): every host's starts together.
-        x = {i: v for h in a.job_start for i, v in zip(a.job_start_at[h], a.job_start[h])}
-        y = {i: v for h in b.job_start for i, v in zip(b.job_start_at[h], b.job_start[h])}
+        # One start-up for every rank (job.startup_time_s): each start of the job, paired with
+        # its replay (whatever ended it: the same exchanges on both sides)
+        x = {i: v for k in a.job_start for i, v in zip(a.job_start_at[k], a.job_start[k])}
+        y = {i: v for k in b.job_start for i, v in zip(b.job_start_at[k], b.job_start[k])}
         startup_s = bench.job.startup_time_s * scale if bench.job is not None and bench.job.startup_time_s else 0.0
         add("job_start", x, y, PARAMETER_MARGIN * (startup_s or _location(x.values())))
     light_samples = _light_samples(a, b)

@@ -33,10 +33,15 @@ def running_job(session, bench_file, gpu_hosts, record_note):
         pytest.skip("the bench file has no job section")
     ranks = list(bench_file.job.ranks)
     record_note("job", kind=session.job_kind())
-    session.fresh_job(ranks)
+    started = session.fresh_job(ranks)
     status = gpu_hosts[ranks[0]].wait_step(1, bench_file.waits.recovery_s)
     assert status["reached"], f"the job did not start healthy on {ranks}: {status.get('last_lines')}"
-    if gpu_hosts[ranks[0]].job_events("checkpoint_loaded"):  # a job that checkpoints: let it save one first
+    events = gpu_hosts[ranks[0]].job_events()
+    ready = next((e for e in events if e["event"] in ("nccl_init", "communicator_ready")), None)
+    if ready is not None and started:  # the job's own start-up, as its rank 0 said it (fidelity reads it too)
+        record_note("job start-up", seconds=(ready["t_ns"] - max(s["started_ns"] for s in started.values())) / 1e9,
+                    ready=ready["event"], measured="the last rank's launch to rank 0's communicator-ready line")
+    if any(e["event"] == "checkpoint_loaded" for e in events):  # a job that checkpoints: let it save one first
         saved = gpu_hosts[ranks[0]].wait_job_event("checkpoint_saved", bench_file.waits.recovery_s)
         assert saved["event"], f"the job on {ranks} saved no checkpoint: {saved.get('last_lines')}"
     yield ranks

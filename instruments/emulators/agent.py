@@ -15,6 +15,7 @@ import time
 
 from lumion_hil.instruments.backend import AGENT_FAULTS
 from lumion_hil.instruments.emulators.forkserver import ForkServer
+from lumion_hil.instruments.emulators.job import LAUNCHED_NS
 from lumion_hil.instruments.emulators.links import WorldLinks
 from lumion_hil.instruments.emulators.nvml import FakeNvml
 from lumion_hil.instruments.emulators.world_client import WorldClient
@@ -123,9 +124,14 @@ def main(argv: list[str] | None = None) -> None:
     # The emulated jobs' ranks are forked from a server that has imported them once: a restart
     # costs a fork, not an interpreter's start-up (forkserver.py).
     forks = ForkServer(EMULATED_JOBS)
+
+    def launch(argv: list[str], env: dict):
+        # the instant of the launch, for an emulated rank's start-up (instruments/emulators/job.py)
+        return forks.popen(argv, {**env, LAUNCHED_NS: str(time.monotonic_ns())})
+
     try:
         Agent(NvmlGpus(FakeNvml(world, args.host), clock_ns), links,
-              JobControl(args.log_dir, clock_ns, offset, read_latency_s=args.notify_latency_s, popen=forks.popen),
+              JobControl(args.log_dir, clock_ns, offset, read_latency_s=args.notify_latency_s, popen=launch),
               clock_ns, "emulated", faults).serve()
     finally:
         if network is not None:

@@ -109,11 +109,12 @@ class JobControl:
             self._progress, self._exit_ns = {}, None
             for kept in (self._tail, self._steps, self._events, self._errors):
                 kept.clear()
+            launched_ns = self.clock_ns()  # the process's start: as the agent launches it
             try:
                 self._proc = self.popen(argv, {**os.environ, **(env or {})})
             except OSError as exc:
                 raise JobError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
-            self._started_ns, self._argv, self._fields = self.clock_ns(), argv, dict(fields)
+            self._started_ns, self._argv, self._fields = launched_ns, argv, dict(fields)
         threading.Thread(target=self._follow, args=(self._proc, log_path), daemon=True, name="job-output").start()
         return {"pid": self._proc.pid, "argv": argv, "started_ns": self._started_ns, "log": str(log_path)}
 
