@@ -13,6 +13,7 @@ design (more samples, a stated decision, harness/decisions.py), never a wider to
     .venv/bin/python perf/flakes.py                  # every such test, 20 times (hours: the alone phase x 20)
     .venv/bin/python perf/flakes.py --runs 5 -k recovery
     .venv/bin/python perf/flakes.py --no-busy-core   # the same on a quiet machine
+    .venv/bin/python perf/flakes.py --keep /tmp/flakes   # each failing run's whole pytest output kept there
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=20, help="how many times each test runs (default 20)")
     parser.add_argument("-k", dest="keyword", default=None, help="only the tests pytest's -k selects")
     parser.add_argument("--no-busy-core", action="store_true", help="no busy loop beside the tests")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep the whole pytest output (and its JUnit XML) of every run with a failure here")
     args = parser.parse_args()
     keyword = ["-k", args.keyword] if args.keyword else []
     env = {**os.environ, "LUMION_HIL_LOCK_DIR": os.environ.get("LUMION_HIL_LOCK_DIR") or tempfile.mkdtemp(
@@ -78,14 +81,20 @@ def main() -> int:
                 for phase, targets in (("alone", ["tests", "-m", "alone", *keyword]), ("timing", [*TIMING, *keyword])):
                     junit = Path(tmp) / f"{phase}-{run}.xml"
                     t0 = time.monotonic()
-                    subprocess.run([sys.executable, "-m", "pytest", *targets, "-q", "-p", "no:cacheprovider",
-                                    f"--junitxml={junit}"], cwd=ROOT, env=env, capture_output=True, text=True)
+                    done = subprocess.run([sys.executable, "-m", "pytest", *targets, "-q", "-p", "no:cacheprovider",
+                                           f"--junitxml={junit}"], cwd=ROOT, env=env, capture_output=True, text=True)
                     outcomes = _outcomes(junit)
                     for test, (outcome, why) in outcomes.items():
                         tallies[test][outcome] += 1
                         if outcome == "failed":
                             failures[test].append(f"run {run}: {why}")
                     bad = [t for t, (o, _) in outcomes.items() if o == "failed"]
+                    if args.keep is not None and (bad or done.returncode not in (0, 5)):
+                        args.keep.mkdir(parents=True, exist_ok=True)
+                        (args.keep / f"{phase}-{run}.log").write_text(done.stdout + done.stderr)
+                        if junit.exists():
+                            (args.keep / junit.name).write_bytes(junit.read_bytes())
+                        print(f"  kept: {args.keep / f'{phase}-{run}.log'}", flush=True)
                     print(f"run {run}/{args.runs} {phase}: {len(outcomes)} tests in {time.monotonic() - t0:.0f} s, "
                           f"{len(bad)} failed{': ' + ', '.join(bad) if bad else ''}; load average "
                           f"{os.getloadavg()[0]:.2f}", flush=True)
