@@ -30,7 +30,7 @@ class Watchers:
         self._detected: list[Detection] = []
         self._found = threading.Event()
         self._stop = threading.Event()
-        self._threads: list = []  # the watchers' futures (harness/workers.py)
+        self._threads: list = []  # the watchers' futures (instruments/threads.py: WORKERS)
 
     def arm(self, ranks: list[str], circuits: dict[int, int]) -> None:
         """Watch the job on ``ranks``, running on ``circuits`` (ingress -> egress)."""

@@ -2,9 +2,9 @@
 instruments' own I/O. It sits at the bottom of the layers, so the harness never imports what
 implements it:
 
-- the in-process emulated world (``lumion_hil.instruments.emulators.backend:EmulatedBench``);
-- a world served by ``lumion-hil emulate`` (``...emulators.backend:ServedWorld``);
-- a real bench (``lumion_hil.harness.backends:RealBench``);
+- the in-process emulated world (``lumion_hil.instruments.emulators.bench:EmulatedBench``);
+- a world served by ``lumion-hil emulate`` (``lumion_hil.instruments.emulators.bench:ServedWorld``);
+- a real bench (``lumion_hil.instruments.backend:BenchBackend`` itself: the drivers alone, nothing to start);
 - a lab's own (a namespaced rack, a vendor's twin), named in the bench file as ``backend: module:factory``.
 
 A backend starts and stops what the bench needs beyond its drivers, says how a host's agent,
