@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterable, Mapping
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 BUS_FACTORS = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
@@ -57,7 +57,7 @@ class Fabric:
     """Directed links, and how a flow from one host to another is routed (None: no path)."""
 
     links: dict[Hashable, Link]
-    route: Callable[[str, str], Route | None]
+    route: Callable[[Any, Any], Route | None]  # two ranks (host names; a pod's (rack, slot)) -> their route
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def max_min_share(flows: list[Route], links: dict[Hashable, Link]) -> list[float
     return rates
 
 
-def _routes(fabric: Fabric, pairs: Iterable[tuple[str, str]]) -> list[Route]:
+def _routes(fabric: Fabric, pairs: Iterable[tuple[Hashable, Hashable]]) -> list[Route]:
     out = []
     for a, b in pairs:
         route = fabric.route(a, b)
@@ -123,7 +123,7 @@ def _latency_us(fabric: Fabric, route: Route) -> float:
     return sum(fabric.links[lid].latency_us for lid in route)
 
 
-def collective_cost(collective: str, ranks: list[str], size_bytes: int, fabric: Fabric, *,
+def collective_cost(collective: str, ranks: Sequence[Hashable], size_bytes: int, fabric: Fabric, *,
                     step_latency_us: float, rings: int = 2, algorithm: str = "auto") -> Cost:
     """The time one collective of ``size_bytes`` takes over ``ranks`` (hosts, in ring order) on
     ``fabric``. Raises NoPath when two ranks that must talk cannot."""
@@ -141,7 +141,7 @@ def collective_cost(collective: str, ranks: list[str], size_bytes: int, fabric: 
         latency = max(_latency_us(fabric, r) for r in routes)
         time_s = (step_latency_us + latency) * 1e-6 + (bytes_ / n) * 8 / (slowest * 1e9)
         return Cost(collective, n, size_bytes, time_s, "pairwise")
-    directions = [ranks] if rings == 1 else [ranks, list(reversed(ranks))]
+    directions = [list(ranks)] if rings == 1 else [list(ranks), list(reversed(ranks))]
     ring_hops = [list(zip(order, order[1:] + order[:1])) for order in directions]
     flat = [hop for hops in ring_hops for hop in hops]
     routes = _routes(fabric, flat)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol
 
 import serial
 
@@ -37,10 +37,25 @@ from lumion_hil.instruments.protocols import (
 )
 
 
+class _SerialLine(Protocol):
+    """What the driver uses of the port ``opener`` gives (any of pyserial's, whatever its URL)."""
+
+    @property
+    def timeout(self) -> float | None: ...
+
+    def write(self, b: bytes, /) -> int | None: ...
+
+    def readline(self) -> bytes: ...
+
+    def reset_input_buffer(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class DiconMatrix(OpticalSwitch):
     def __init__(self, name: str, port: str, *, ingress: int, egress: int, baud_rate: int = 115200,
                  timeout_s: float = 5.0, pace_s: float = 0.0, module: int = 1,
-                 opener: Callable[..., serial.SerialBase] = serial.serial_for_url):
+                 opener: Callable[..., _SerialLine] = serial.serial_for_url):
         self.name = name
         self.ingress, self.egress = ingress, egress
         self.module = module

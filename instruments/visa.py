@@ -20,6 +20,7 @@ from typing import Protocol, Sequence
 
 import pyvisa
 from pyvisa import constants, errors as visa_errors
+from pyvisa.util import BINARY_DATATYPES
 
 from lumion_hil.instruments import transcript
 from lumion_hil.instruments.protocols import InstrumentError, InstrumentIOError
@@ -48,7 +49,7 @@ class MessageResource(Protocol):
 
     def query(self, message: str) -> str: ...
 
-    def query_binary_values(self, message: str, datatype: str, is_big_endian: bool) -> Sequence[float]: ...
+    def query_binary_values(self, message: str, datatype: BINARY_DATATYPES, is_big_endian: bool) -> Sequence[float]: ...
 
     def close(self) -> None: ...
 
@@ -72,6 +73,9 @@ def open_resource(resource: str, *, timeout_s: float, connect_within_s: float, r
         socket.create_connection((m.group(1), int(m.group(2))), timeout=connect_within_s).close()
     res = resource_manager().open_resource(resource, timeout=int(timeout_s * 1000), read_termination=read_termination,
                                            write_termination=write_termination)
+    if not isinstance(res, pyvisa.resources.MessageBasedResource):
+        res.close()
+        raise ValueError(f"{resource} is not a message-based instrument")
     if m:
         _no_delay(res)
     return res
@@ -138,7 +142,9 @@ class VisaSession:
         """The raw socket under a pyvisa-py session, if that is what the opener gave."""
         if not isinstance(self._res, pyvisa.resources.Resource):
             return None
-        interface = getattr(self._res.visalib.sessions.get(self._res.session), "interface", None)
+        # pyvisa-py's library (untyped) keeps its sessions; pyvisa's base class does not declare them
+        sessions = self._res.visalib.sessions  # type: ignore[attr-defined]
+        interface = getattr(sessions.get(self._res.session), "interface", None)
         return interface if isinstance(interface, socket.socket) else None
 
     def _peer_closed(self) -> bool:

@@ -10,10 +10,32 @@ from __future__ import annotations
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lumion_hil.instruments.backend import INSTRUMENT_FAULTS, BenchBackend, Fault, FaultKind
 from lumion_hil.instruments.emulators.world import World
+
+if TYPE_CHECKING:
+    from lumion_hil.instruments.emulators.world_client import WorldClient
+    from lumion_hil.instruments.emulators.world_service import WorldService
+
+
+class _Emulator(Protocol):
+    """An emulated instrument, as the bench sees it: the faults it is made to show."""
+
+    faults: dict[str, float | None]
+
+
+class _Server(Protocol):
+    """What serves an emulator on its transport."""
+
+    def stop(self) -> None: ...
+
+
+class _LineServer(_Server, Protocol):
+    """A transport that can lose the instrument's power (scpi_transports.py)."""
+
+    def power_loss(self, down_s: float = 1.0) -> None: ...
 
 
 def _nic(bench, fault: Fault):
@@ -33,10 +55,10 @@ class EmulatedBench(BenchBackend):
     def __init__(self, bench: Any):
         super().__init__(bench)
         self._world = World(bench)
-        self.emulators: dict[str, object] = {}
-        self.servers: dict[str, object] = {}
-        self.vxi11: dict[str, object] = {}  # the instruments also served over VXI-11 (vxi11.py)
-        self.world_service = None
+        self.emulators: dict[str, _Emulator] = {}
+        self.servers: dict[str, _LineServer] = {}
+        self.vxi11: dict[str, _Server] = {}  # the instruments also served over VXI-11 (vxi11.py)
+        self.world_service: WorldService | None = None
 
     @property
     def world(self) -> World:
@@ -75,6 +97,7 @@ class EmulatedBench(BenchBackend):
         excepted: served on TCP, see its emulator)."""
         from lumion_hil.instruments.emulators.scpi_transports import PtyLineServer, TcpScpiServer
 
+        device: _Emulator
         if spec.model == "polatis":
             from lumion_hil.instruments.emulators.polatis import PolatisEmulator
 
@@ -101,7 +124,7 @@ class EmulatedBench(BenchBackend):
     @property
     def nccl_tests_path(self) -> str:
         """Where the emulated hosts' nccl-tests programs are."""
-        return str(nccl_tests_folder(self.world_service.address))
+        return str(nccl_tests_folder(self._world_address()))
 
     def nccl_tests_folder(self, host, library: str = "nccl-tests") -> str | None:
         return self.nccl_tests_path if host.emulated and self.world_service is not None else None
@@ -162,7 +185,13 @@ class EmulatedBench(BenchBackend):
         host = self.bench.host(host) if isinstance(host, str) else host
         if not host.emulated:
             return agent_argv(host.world_address, host, *extra) if host.world_address else None
-        return agent_argv(self.world_service.address, host, *extra)
+        return agent_argv(self._world_address(), host, *extra)
+
+    def _world_address(self) -> str:
+        """The address of the world's service, which the bench has once started with a host emulated."""
+        if self.world_service is None:
+            raise RuntimeError(f"bench {self.bench.name!r}: no world service (not started, or no host emulated)")
+        return self.world_service.address
 
     def job_argv(self, job, ranks: list[str]) -> list[str] | None:
         if self.world_service is None:
@@ -207,13 +236,15 @@ class ServedWorld(BenchBackend):
     def __init__(self, bench: Any):
         super().__init__(bench)
         self.address = next((h.world_address for h in bench.topology.hosts if h.world_address), None)
-        self._client = None
+        self._client: WorldClient | None = None
 
     @property
-    def client(self):
+    def client(self) -> WorldClient:
         if self._client is None:
             from lumion_hil.instruments.emulators.world_client import WorldClient
 
+            if self.address is None:
+                raise ValueError(f"bench {self.bench.name!r}: no host is served by a world (world:HOST:PORT)")
             self._client = WorldClient(self.address)
         return self._client
 

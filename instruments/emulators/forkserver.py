@@ -37,6 +37,7 @@ import socket
 import subprocess
 import sys
 import threading
+from typing import Sequence
 
 _MAX_MESSAGE = 1 << 20
 
@@ -66,7 +67,7 @@ class ForkedProcess:
 
     def __init__(self, server: "ForkServer", pid: int, stdout):
         self._server, self.pid, self.stdout = server, pid, stdout
-        self.args = None
+        self.args: list[str] | None = None
         self.returncode: int | None = None
         self._ended = threading.Event()
 
@@ -79,7 +80,9 @@ class ForkedProcess:
 
     def wait(self, timeout: float | None = None) -> int:
         if not self._ended.wait(timeout):
+            assert timeout is not None  # a wait without one returns only once the rank has ended
             raise subprocess.TimeoutExpired(self.args or [str(self.pid)], timeout)
+        assert self.returncode is not None  # set before _ended
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
@@ -232,6 +235,7 @@ class ForkServer:
         except OSError:
             pass
         self._sock.close()
+        assert self._proc is not None  # started with the socket
         try:
             self._proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -298,7 +302,7 @@ def _child(sock: socket.socket, selector, request: dict, out: int) -> None:
         os._exit(code & 0xFF)
 
 
-def serve(fd: int, preload: list[str] = ()) -> None:
+def serve(fd: int, preload: Sequence[str] = ()) -> None:
     """The server's loop: a request forks a rank; a rank's pidfd tells of its end."""
     sock = socket.socket(fileno=fd)
     if not hasattr(os, "pidfd_open"):
@@ -355,6 +359,7 @@ def serve(fd: int, preload: list[str] = ()) -> None:
                 selector.unregister(pidfd)
                 os.close(pidfd)
                 info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+                assert info is not None  # None only with WNOHANG
                 code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
                 _send(sock, {"exited": pid, "status": code})
 

@@ -113,6 +113,8 @@ class _Stall:
     """A collective that cannot move (a link of its fabric down, a peer's GPU lost): NCCL stalls
     in it, and the watchdog fails the rank once it has waited the timeout."""
 
+    since: float | None  # when the stall began (monotonic), None until then
+
     def __init__(self, rank: int, timeout_s: float):
         self.rank, self.timeout_s, self.since = rank, timeout_s, None
 

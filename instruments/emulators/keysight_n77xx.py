@@ -42,6 +42,7 @@ import random
 import re
 import struct
 import time
+from typing import final
 
 from lumion_hil.instruments.emulators.photodiode import PhotodiodeChannel, taps_for
 from lumion_hil.instruments.emulators.scpi import ScpiDevice
@@ -84,6 +85,7 @@ def keysight_float(value: float) -> str:
     return f"{mantissa}E{int(exponent):+04d}"
 
 
+@final  # never subclassed: always true, and its __init__ is the one to reset it with
 class _Channel:
     def __init__(self, head: PhotodiodeChannel):
         self.head = head
@@ -679,6 +681,7 @@ class KeysightN77xxEmulator(ScpiDevice):
         if ch.sme_times is not None:
             starts = list(ch.sme_times)
         else:
+            assert ch.log_start_ns is not None  # finished, so started
             starts = [ch.log_start_ns + i * ch.step_ns() for i in range(ch.count())]
         ch.samples = [self._value(ch, ch.head.read_dbm(t, t + window)) for t in starts]
         return ch.samples

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Sequence
 
 # Runs on each host (any python3): the program in a process group of its own, sent SIGTERM and
 # then SIGKILL when stdin (the ssh session) closes or the wrapper is signalled; whatever the
@@ -112,6 +113,7 @@ def _status(code: int) -> int:
 def _end(procs: list[subprocess.Popen]) -> None:
     """Close every rank's session (its stdin first, so the wrapper ends the program cleanly)."""
     for proc in procs:
+        assert proc.stdin is not None  # every rank is started with stdin=PIPE
         try:
             proc.stdin.close()
         except OSError:
@@ -125,7 +127,7 @@ def _end(procs: list[subprocess.Popen]) -> None:
             proc.wait()
 
 
-def launch(ssh_config: str, hosts: list[str], program: list[str], env: list[str] = (),
+def launch(ssh_config: str, hosts: list[str], program: list[str], env: Sequence[str] = (),
            timeout_s: float | None = None, python: str = "python3") -> int:
     """Run ``program`` on every host; the exit status (see the module's help)."""
     def on_signal(signum, _frame):

@@ -128,20 +128,39 @@ class NetnsBench(EmulatedBench):
             shutil.rmtree(self.run_dir, ignore_errors=True)
             self.run_dir = None
 
+    @property
+    def _rack(self) -> Rack:
+        """The rack :meth:`start` builds."""
+        if self.rack is None:
+            raise RuntimeError(f"bench {self.bench.name!r}: the namespaced bench is not started (no rack)")
+        return self.rack
+
+    @property
+    def _run_dir(self) -> Path:
+        if self.run_dir is None:
+            raise RuntimeError(f"bench {self.bench.name!r}: the namespaced bench is not started (no run folder)")
+        return self.run_dir
+
+    @property
+    def _keys(self) -> sshds.SshKeys:
+        if self.keys is None:
+            raise RuntimeError(f"bench {self.bench.name!r}: the namespaced bench is not started (no ssh keys)")
+        return self.keys
+
     # -- how things are started here ---------------------------------------------------------
 
     def destination(self, host: str) -> str:
         """``user@address`` of a host's sshd on the management network."""
-        return f"{self.settings.user}@{self.rack.mgmt_address(host)}"
+        return f"{self.settings.user}@{self._rack.mgmt_address(host)}"
 
     def agent_argv(self, host, *extra: str) -> list[str]:
         """The agent through real ssh, with its links from the host's own /sys/class/net."""
         host = self.bench.host(host) if isinstance(host, str) else host
         faults = [f"--fault={fault}" for fault in host.emulation.faults]
-        remote = [sys.executable, "-m", "lumion_hil.instruments.emulators.agent", "--world", self.world_service.address,
-                  "--host", host.name, "--links", "sysfs", "--log-dir", str(self.run_dir / "jobs" / host.name),
+        remote = [sys.executable, "-m", "lumion_hil.instruments.emulators.agent", "--world", self._world_address(),
+                  "--host", host.name, "--links", "sysfs", "--log-dir", str(self._run_dir / "jobs" / host.name),
                   *faults, *extra]
-        return self.keys.ssh_argv(self.destination(host.name)) + [shlex.join(remote)]
+        return self._keys.ssh_argv(self.destination(host.name)) + [shlex.join(remote)]
 
     def job_kind(self, job) -> str:
         if self._torch_job():
@@ -173,8 +192,11 @@ class NetnsBench(EmulatedBench):
         the PyTorch job all-reduces its gradients with gloo, the light ring job with lumion-hil's
         ring, which is the model's)."""
         if what == "job:model":
-            return (None if not self._torch_job() else
-                    "the PyTorch job all-reduces its gradients with gloo: " + self.not_comparable("gloo:model"))
+            if not self._torch_job():
+                return None
+            gloo = self.not_comparable("gloo:model")
+            assert gloo is not None  # said below
+            return "the PyTorch job all-reduces its gradients with gloo: " + gloo
         if what == "job":
             return (None if not self._torch_job() else
                     "a PyTorch job on gloo over TCP on a 2-core CPU machine, its GPU compute emulated: each start "
@@ -200,7 +222,7 @@ class NetnsBench(EmulatedBench):
     def scale_uplinks(self, factor: float) -> bool:
         if self.bench.electrical is None:
             return False
-        self.rack.set_uplink_mbit({rack: mbit * factor for rack, mbit in uplink_mbit(self.bench).items()})
+        self._rack.set_uplink_mbit({rack: mbit * factor for rack, mbit in uplink_mbit(self.bench).items()})
         return True
 
     def fabric_env(self, host, fabric: str) -> dict[str, str]:
@@ -229,16 +251,16 @@ class NetnsBench(EmulatedBench):
                 # kill does, and its workers die with it (torch_job.py; torchrun's own forward, wait
                 # and report took 2.6 s, counted as the controller's)
                 "--signals-to-handle", "SIGINT",
-                "-m", "lumion_hil.instruments.emulators.torch_job", "--world", self.world_service.address,
+                "-m", "lumion_hil.instruments.emulators.torch_job", "--world", self._world_address(),
                 "--ranks", ",".join(ranks),
                 "--gradient-bytes", str(int(job.gradient_bytes * self.settings.rate_scale * scale)),
                 "--compute-time-s", str(job.compute_time_s), "--batch", str(job.batch_per_rank),
-                "--timeout-s", str(job.nccl_timeout_s), "--checkpoint-dir", str(self.run_dir / "checkpoints"),
+                "--timeout-s", str(job.nccl_timeout_s), "--checkpoint-dir", str(self._run_dir / "checkpoints"),
                 "--checkpoint-every", str(self.settings.checkpoint_every)]
 
     def ring_job_argv(self, job, ranks: list[str]) -> list[str]:
         """The real training job: compute emulated, its all-reduce real bytes over real sockets."""
-        return [sys.executable, "-m", "lumion_hil.instruments.emulators.ring_job", "--world", self.world_service.address,
+        return [sys.executable, "-m", "lumion_hil.instruments.emulators.ring_job", "--world", self._world_address(),
                 "--ranks", ",".join(ranks), "--rank", "{rank}", "--master-addr", "{master_addr}",
                 "--master-port", "{master_port}",
                 # a buffer that takes, at the shaped rates, what the gradients take at the bench file's
@@ -250,26 +272,26 @@ class NetnsBench(EmulatedBench):
     def nccl_tests_folder(self, host, library: str = "ring") -> str | None:
         if library not in FOLDERS:
             raise ValueError(f"no {library!r} bandwidth tests on the namespaced bench; it has {', '.join(FOLDERS)}")
-        return str(self.run_dir / FOLDERS[library])
+        return str(self._run_dir / FOLDERS[library])
 
     def local_address(self, host) -> bool:
         return False
 
     def master_address(self, host) -> str:
-        return self.rack.mgmt_address(host.name)
+        return self._rack.mgmt_address(host.name)
 
     def _write_rack_map(self) -> None:
         """What the nccl-tests programs on the hosts need: each host's ssh destination, the
         launcher's ssh configuration, the rendezvous port."""
         job_port = self.bench.job.master_port if self.bench.job is not None else 29500
         rack_map = {"hosts": {h.name: self.destination(h.name) for h in self.bench.topology.hosts},
-                    "mgmt": {h.name: self.rack.mgmt_address(h.name) for h in self.bench.topology.hosts},
-                    "ssh_config": str(self.keys.config), "port": job_port + PERF_PORT_OFFSET,
+                    "mgmt": {h.name: self._rack.mgmt_address(h.name) for h in self.bench.topology.hosts},
+                    "ssh_config": str(self._keys.config), "port": job_port + PERF_PORT_OFFSET,
                     "python": sys.executable, "run_dir": str(self.run_dir)}
-        path = self.run_dir / "rack.json"
+        path = self._run_dir / "rack.json"
         path.write_text(json.dumps(rack_map, indent=1), encoding="utf-8")
         for library, name in FOLDERS.items():
-            folder = self.run_dir / name
+            folder = self._run_dir / name
             folder.mkdir(exist_ok=True)
             for program in PROGRAMS:
                 script = folder / program
@@ -291,14 +313,14 @@ class NetnsBench(EmulatedBench):
         if name == "drop":
             self.sshd[part].kill_sessions()
         elif name == "power_loss":
-            self.rack.kill_processes(part)
+            self._rack.kill_processes(part)
             self.sshd[part].stop()
             timer = threading.Timer(float(value) if value else 1.0, self.sshd[part].start)
             timer.daemon = True
             self._power_timers.append(timer)
             timer.start()
         elif name == "mgmt_kbit":
-            self.rack.slow_mgmt(part, float(value) if value else None)
+            self._rack.slow_mgmt(part, float(value) if value else None)
         else:
             known = ", ".join(("drop", "power_loss", "mgmt_kbit"))
             hint = f" (an emulated agent's fault: {', '.join(AGENT_FAULTS)}; set it through the agent)" \
@@ -308,7 +330,7 @@ class NetnsBench(EmulatedBench):
     def clear_faults(self, part: str) -> None:
         if part not in self.sshd:
             return super().clear_faults(part)
-        self.rack.slow_mgmt(part, None)
+        self._rack.slow_mgmt(part, None)
         if not self.sshd[part].alive:
             self.sshd[part].start()
 

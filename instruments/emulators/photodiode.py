@@ -44,6 +44,7 @@ class PhotodiodeChannel:
         power = self.true_dbm(t0_ns, t1_ns)
         if power is None or power < self.dark_floor_dbm:
             return self.dark_floor_dbm + abs(self.rng.gauss(0.0, 1.0))  # noise above the floor
+        assert self.tap is not None  # true_dbm has a power only through a tap
         light = self.world.wavelength_at(self.tap.port, t1_ns)
         if light is not None:
             power -= RESPONSIVITY_SLOPE_DB_PER_NM * (self.wavelength_nm - light)

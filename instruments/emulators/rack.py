@@ -36,6 +36,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import functools
 import os
 import signal
 import socket
@@ -158,6 +159,7 @@ class Rack(RackLayout):
             if exists:
                 root.link("del", index=socket.if_nametoindex(self.root_link))
             else:
+                assert peer is not None  # exists != (peer is not None)
                 del_link(mgmt, peer["index"])
             exists = False
         if not exists:  # made from the far side, whose index we choose; the root's is the kernel's
@@ -179,7 +181,7 @@ class Rack(RackLayout):
             Path(f"/proc/sys/net/ipv6/conf/{self.root_link}/disable_ipv6").write_text("1")
         except OSError:
             pass
-        add_addr(root, index, str(self.mgmt_net[1]), 24, f"{self.root_link} (root namespace)")
+        add_addr(root, index, self.mgmt_gateway, 24, f"{self.root_link} (root namespace)")
         root.link("set", index=index, state="up")
 
     def _shape(self, ns: str, index: int, rate_bit: float | None, what: str, **tbf) -> None:
@@ -232,7 +234,7 @@ class Rack(RackLayout):
             sysctls.setdefault(self.netns(host), {}).update({
                 "net/ipv4/conf/all/arp_ignore": "1", "net/ipv4/conf/all/arp_announce": "2",
                 "net/ipv4/tcp_wmem": f"4096 16384 {TCP_WMEM_MAX}"})  # see UPLINK_WINDOWS
-        run_in_netns_each({ns: lambda values=values: write_sysctls(values) for ns, values in sysctls.items()})
+        run_in_netns_each({ns: functools.partial(write_sysctls, values) for ns, values in sysctls.items()})
 
     def _build_electrical(self) -> None:
         tor, tor_links = self._nl[self.tor_netns], self._cache[self.tor_netns]
@@ -252,8 +254,9 @@ class Rack(RackLayout):
             ns = self.netns(h.name)
             ih, it = ensure_veth(self._nl, self._cache, ns, h.electrical_ifname, INDEX["electrical"],
                                  self.tor_netns, f"e{k}", INDEX["tor port"] + k, alias=f"{h.name}/electrical")
-            add_addr(self._nl[ns], ih, self.electrical_address(h.name), ELECTRICAL_NET.prefixlen,
-                     f"{h.name}/{h.electrical_ifname}")
+            address = self.electrical_address(h.name)
+            assert address is not None  # it has an electrical_ifname
+            add_addr(self._nl[ns], ih, address, ELECTRICAL_NET.prefixlen, f"{h.name}/{h.electrical_ifname}")
             self._nl[ns].link("set", index=ih, state="up")
             tor.link("set", index=it, master=bridges[h.rack], state="up")
             self._shape(ns, ih, rate, f"{h.name}/{h.electrical_ifname}")
@@ -372,7 +375,7 @@ class Rack(RackLayout):
         lit): on host A, B's fabric address via B's NIC at the far end of a circuit from a NIC
         of A (the first in NIC order when several join them); routes to hosts no circuit
         reaches are removed."""
-        wanted: dict[str, dict[str, tuple[str, str]]] = {h: {} for h in self._hosts}
+        wanted: dict[str, dict[str, tuple[int, str]]] = {h: {} for h in self._hosts}
         for pair in sorted(pairs, key=lambda p: sorted(p)):
             a, b = sorted(pair)
             for (near, nnic), (far, fnic) in ((a, b), (b, a)):

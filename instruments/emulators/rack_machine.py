@@ -45,8 +45,9 @@ def _probe() -> tuple[bool, str]:
     if IPRoute is None:
         return False, "pyroute2 is not installed (pip install pyroute2)"
     try:
-        caps = int(re.search(r"CapEff:\s*([0-9a-f]+)", Path("/proc/self/status").read_text()).group(1), 16)
-    except (OSError, AttributeError):
+        found = re.search(r"CapEff:\s*([0-9a-f]+)", Path("/proc/self/status").read_text())
+        caps = int(found.group(1), 16) if found else 0
+    except OSError:
         caps = 0
     missing = [name for bit, name in ((12, "CAP_NET_ADMIN"), (21, "CAP_SYS_ADMIN")) if not caps >> bit & 1]
     if missing:
@@ -203,7 +204,7 @@ def root_links() -> list[str]:
 
 
 def delete_root_links(names: list[str]) -> list[str]:
-    removed = []
+    removed: list[str] = []
     present = set(root_links())
     todo = [n for n in names if n in present]
     if not todo:

@@ -27,6 +27,7 @@ import ipaddress
 import re
 import secrets
 from dataclasses import dataclass
+from typing import cast
 
 NETNS_DIR = "/run/netns"  # where `ip netns` names network namespaces
 OPTICAL_NET = ipaddress.IPv4Network("198.19.1.0/24")
@@ -228,7 +229,7 @@ class RackLayout:
         return self._index[host]
 
     def _nic(self, key: tuple[str, str]) -> tuple[int, int, RackNic]:
-        key = tuple(key)
+        key = cast("tuple[str, str]", tuple(key))  # a list too, as an RPC's JSON gives it
         if key not in self._nics:
             self._host(key[0])
             raise KeyError(f"no NIC {key[1]!r} on host {key[0]} in rack {self.prefix} "

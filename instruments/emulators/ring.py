@@ -163,6 +163,7 @@ class Communicator:
                           f"commId 0x{self.comm_id} - Init COMPLETE")
 
     def _choose_congestion_control(self) -> None:
+        assert self.congestion_control is not None  # chosen only where one is set
         try:
             for link in self.links:
                 link.sock.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, self.congestion_control.encode())
@@ -174,6 +175,7 @@ class Communicator:
 
     def _wait_for_all(self, deadline: float) -> list[dict]:
         keys = [f"rank/{r}" for r in range(self.nranks)]
+        assert self._client is not None  # init's store client, made before this
         found = {}
         for key in keys:
             reply = self._client.call("get", key=key, wait_s=max(0.0, deadline - time.monotonic()))
@@ -230,7 +232,7 @@ class Communicator:
                    for _, peer_address, port in self.peers[peer]["addresses"]]
         waits = retry_waits()
         while True:
-            tried = []
+            tried: list[str] = []
             sock, ifname, remote = race(targets, deadline, tried)
             if sock is not None:
                 try:
@@ -338,6 +340,7 @@ class Communicator:
         started = time.monotonic()
         deadline = started + self.timeout_s
         chunk = max(1, CHUNK_BYTES // buf.itemsize)
+        assert self._pool is not None  # made by init, which a communicator is not without
         futures = []
         for ring in range(self.rings):
             steps = plans[ring](ring, ring_order(self.nranks, ring).index(self.rank))
@@ -386,7 +389,7 @@ class Communicator:
                             return  # the receiver stopped: its failure is the one reported
                     except queue.Empty:
                         raise _Failure("timeout", link, "waiting for data to forward") from None
-                self._io(link, deadline, lambda: link.sock.sendall(buf[lo:hi]))
+                self._io(link, deadline, lambda: link.sock.sendall(buf[lo:hi].data))
 
     def _recv_loop(self, link: Link, steps: list[Step], buf: np.ndarray, ready: queue.SimpleQueue,
                    chunk: int, deadline: float, ufunc) -> None:
@@ -396,7 +399,7 @@ class Communicator:
                 forward = i + 1 < len(steps) and steps[i + 1].send is not None
                 for lo, hi in chunks(step.recv, chunk):
                     target = scratch[:hi - lo] if step.reduce else buf[lo:hi]
-                    self._recv_into(link, memoryview(target).cast("B"), deadline)
+                    self._recv_into(link, target.data.cast("B"), deadline)
                     if step.reduce:
                         ufunc(buf[lo:hi], target, out=buf[lo:hi])
                     if forward:
@@ -447,6 +450,7 @@ class Communicator:
                 f"OpType={op_type}, Timeout(ms)={self.timeout_s * 1e3:.0f}) ran for "
                 f"{ran_ms:.0f} milliseconds before timing out. ({waiting} rank {link.peer} on ring {link.ring} "
                 f"via {link.ifname})")
+        cls: type[CommError]
         if error.kind == "closed":
             last = f"NET/Socket : peer {link.remote_text} closed connection"
             cls = PeerClosed

@@ -76,7 +76,7 @@ def race(targets, deadline: float, tried: list[str]):
     connects, or Nones. Later winners are closed."""
     results: queue.Queue = queue.Queue()
     lock = threading.Lock()
-    won = []
+    won: list[socket.socket] = []
 
     def attempt(ifname: str, address: str, remote: tuple[str, int]) -> None:
         try:

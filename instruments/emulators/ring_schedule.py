@@ -10,6 +10,7 @@ that ring; a collective has one plan per ring. Buffers are flat arrays of elemen
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -72,29 +73,29 @@ def ring_steps(nranks: int, ring: int, position: int, blocks: list[tuple[int, in
 def all_reduce_plans(nranks: int, rings: int, length: int) -> list[Plan]:
     """The ring all-reduce of a buffer of ``length`` elements: each ring takes its part of the
     buffer, cut in one block per rank."""
-    plans = []
+    plans: list[Plan] = []
     for part in split_span(0, length, max(1, rings)):
         blocks = split_span(*part, nranks)
-        plans.append(lambda ring, p, blocks=blocks: ring_steps(nranks, ring, p, blocks, 0, 2 * nranks - 2))
+        plans.append(functools.partial(ring_steps, nranks, blocks=blocks, first=0, last=2 * nranks - 2))
     return plans
 
 
 def slot_plans(nranks: int, rings: int, m: int, first: int, last: int) -> list[Plan]:
     """Plans for a buffer of n slots of ``m`` elements, rank r's slot at r*m: each ring takes
     its part of every slot."""
-    plans = []
+    plans: list[Plan] = []
     for lo, hi in split_span(0, m, max(1, rings)):
         blocks = [(r * m + lo, r * m + hi) for r in range(nranks)]
-        plans.append(lambda ring, p, blocks=blocks: ring_steps(nranks, ring, p, blocks, first, last))
+        plans.append(functools.partial(ring_steps, nranks, blocks=blocks, first=first, last=last))
     return plans
 
 
 def chain_plans(nranks: int, rings: int, length: int, root: int, reduce: bool) -> list[Plan]:
     """Broadcast: a chain from the root along each ring; reduce: a chain ending at the root
     (its first link leaves the root's successor)."""
-    plans = []
+    plans: list[Plan] = []
     for part in split_span(0, length, max(1, rings)):
-        def plan(ring: int, p: int, part=part):
+        def plan(ring: int, p: int, part: tuple[int, int] = part) -> list[Step]:
             order, n = ring_order(nranks, ring), nranks
             c = (p - order.index(root) - (1 if reduce else 0)) % n  # place in the chain
             if c == 0:

@@ -14,6 +14,7 @@ import collections
 import re
 import threading
 import time
+from typing import cast
 
 from lumion_hil.instruments.backend import INSTRUMENT_FAULTS
 from lumion_hil.instruments.emulators.scpi_grammar import (
@@ -100,7 +101,12 @@ class ScpiDevice:
                 self.command(f":STATus:{name}:{register}",
                              lambda a, n=name, r=register: self.status[n].__setitem__(r, int(integer.parse(a))))
                 self.command(f":STATus:{name}:{register}?", lambda a, n=name, r=register: str(self.status[n][r]))
-        self.command(":STATus:PRESet", lambda a: no_args(a) or preset())
+
+        def preset_command(args: str) -> None:
+            no_args(args)
+            preset()
+
+        self.command(":STATus:PRESet", preset_command)
 
     def set_condition(self, name: str, bit: int, on: bool) -> None:
         """Raise or clear ``bit`` of a status structure's condition register; a change the
@@ -208,7 +214,7 @@ class ScpiDevice:
         self.lines_seen += 1
         if self.command_latency_s:
             time.sleep(self.command_latency_s)
-        replies = []
+        replies: list[str | bytes] = []
         path: list[tuple[str, str]] = []
         for part in split_top_level(line.strip(), ";"):
             part = part.strip()
@@ -227,7 +233,7 @@ class ScpiDevice:
             return None
         if any(isinstance(r, bytes) for r in replies):  # an IEEE 488.2 block among the answers
             return b";".join(r if isinstance(r, bytes) else r.encode("ascii") for r in replies)
-        return ";".join(replies)
+        return ";".join(cast("list[str]", replies))  # no bytes among them, checked above
 
     @staticmethod
     def _reads_status(path: list, part: str) -> bool:
@@ -238,6 +244,7 @@ class ScpiDevice:
 
     def _dispatch(self, text: str, path: list) -> tuple[str | bytes | None, list]:
         m = re.match(r"([^\s]*)\s*(.*)$", text, re.S)
+        assert m is not None  # both groups match the empty string
         header, args = m.group(1), m.group(2)
         query = header.endswith("?")
         bare = header.rstrip("?")

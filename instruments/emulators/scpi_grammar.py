@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Literal
 
 
 class ScpiError(Exception):
@@ -149,7 +149,9 @@ HEADER_TOKEN = re.compile(r"([A-Za-z*][A-Za-z0-9*]*?)(\d*)")
 
 def split_top_level(text: str, sep: str) -> list[str]:
     """Split on ``sep`` outside parentheses and quotes."""
-    parts, depth, quote, current = [], 0, "", []
+    parts: list[str] = []
+    current: list[str] = []
+    depth, quote = 0, ""
     for ch in text:
         if quote:
             quote = "" if ch == quote else quote
@@ -287,9 +289,11 @@ def choice(args: str, *options: str) -> str:
     raise ScpiError(*ILLEGAL_PARAMETER)
 
 
-def no_args(args: str) -> None:
+def no_args(args: str) -> Literal[False]:
+    """Refuse arguments; False otherwise, so that a query reads ``no_args(a) or reply``."""
     if args.strip():
         raise ScpiError(*PARAMETER_NOT_ALLOWED)
+    return False
 
 
 def format_channel_list(ports) -> str:

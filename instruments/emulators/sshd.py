@@ -241,7 +241,7 @@ class HostSshd:
     @property
     def pid(self) -> int | None:
         """The listener's pid (``ip netns exec`` execs sshd: one process)."""
-        return self._proc.pid if self.alive else None
+        return self._proc.pid if self._proc is not None and self.alive else None
 
     def start(self) -> None:
         """Start the listener and wait until a connection to it from here (the harness's network

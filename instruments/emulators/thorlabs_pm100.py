@@ -159,7 +159,7 @@ class ThorlabsPM100Emulator(ScpiDevice):
         # SYSTem
         c(":SYSTem:SENSor:IDN?", lambda a: "S155C,EMU00001,01-Jan-2026,1,18,289")
         c(":SYSTem:VERSion?", lambda a: "1999.0")
-        c(":SYSTem:BEEPer[:IMMediate]", lambda a: no_args(a))
+        c(":SYSTem:BEEPer[:IMMediate]", lambda a: no_args(a) or None)
         c(":SYSTem:BEEPer:STATe", lambda a: setattr(self, "beeper", boolean(a)))
         c(":SYSTem:BEEPer:STATe?", lambda a: "1" if self.beeper else "0")
         c(":SYSTem:LFRequency", self._set_line_frequency)
@@ -187,7 +187,7 @@ class ThorlabsPM100Emulator(ScpiDevice):
         s(":CORRection:BEAMdiameter", lambda a: self._set("beam_mm", BEAM_MM.parse(a)))
         s(":CORRection:BEAMdiameter?", lambda a: nr3(BEAM_MM.query(a, self.beam_mm)))
         s(":CORRection:COLLect:ZERO[:INITiate]", self._zero)
-        s(":CORRection:COLLect:ZERO:ABORt", lambda a: no_args(a))
+        s(":CORRection:COLLect:ZERO:ABORt", lambda a: no_args(a) or None)
         s(":CORRection:COLLect:ZERO:STATe?", lambda a: no_args(a) or "0")  # the zero is done at once here
         s(":CORRection:COLLect:ZERO:MAGNitude", lambda a: self._set("zero_a", ZERO_A.parse(a)))
         s(":CORRection:COLLect:ZERO:MAGNitude?", lambda a: nr3(ZERO_A.query(a, self.zero_a)))
@@ -220,7 +220,7 @@ class ThorlabsPM100Emulator(ScpiDevice):
         s(":FREQuency:RANGe:LOWer?", lambda a: no_args(a) or nr3(FREQUENCY_RANGE_HZ[0]))
         s(":PEAKdetector[:THReshold]", lambda a: self._set("threshold_pct", int(math.floor(THRESHOLD_PCT.parse(a) + 0.5))))
         s(":PEAKdetector[:THReshold]?", lambda a: str(int(THRESHOLD_PCT.query(a, self.threshold_pct))))
-        s(":REInit", lambda a: no_args(a) or self._reinit())
+        s(":REInit", self._reinit_command)
         # the SCPI measurement system
         c("ABORt", self._abort)
         c("CONFigure?", lambda a: no_args(a) or CONFIGURATIONS[self.configured])
@@ -236,7 +236,8 @@ class ThorlabsPM100Emulator(ScpiDevice):
         c("FETCh:STATe?", lambda a: no_args(a) or ("1" if self.last is not None or self.continuous else "0"))
         c("READ?", self._read)
         c("MEASure[:SCALar][:POWer]?", lambda a: self._measure(a, "POW"))
-        c("MEASure[:SCALar][:POWer]", lambda a: self._configure(a, "POW") or self._initiate(a))  # measure now, FETCh? later (the ThorlabsPM100 package's way)
+        # measure now, FETCh? later (the ThorlabsPM100 package's way)
+        c("MEASure[:SCALar][:POWer]", self._configure_and_initiate)
         c("MEASure[:SCALar]:CURRent[:DC]?", lambda a: self._measure(a, "CURR"))
         c("MEASure[:SCALar]:PDENsity?", lambda a: self._measure(a, "PDEN"))
         c("MEASure[:SCALar]:FREQuency?", lambda a: self._measure(a, "FREQ"))
@@ -323,6 +324,10 @@ class ThorlabsPM100Emulator(ScpiDevice):
         self.reference_w = self.reference_a = self.zero_a = 0.0
         self.relative = self.relative_current = False
 
+    def _reinit_command(self, args: str) -> None:
+        no_args(args)
+        self._reinit()
+
     def _set_line_frequency(self, args: str) -> None:
         value = int(Number(50, 60, 50, integer=True).parse(args))
         if value not in (50, 60):
@@ -399,7 +404,9 @@ class ThorlabsPM100Emulator(ScpiDevice):
         return self._fit(table, value)
 
     def _set_range(self, args: str, table: tuple[float, ...], unit: str) -> None:
-        self.gain = self._range_index(args, table, unit, query=False)
+        index = self._range_index(args, table, unit, query=False)
+        assert index is not None  # None only for a query without an argument
+        self.gain = index
         self.auto_range = False  # choosing a range ends auto ranging, as on the meter
         self.settled_at_ns = self.world.now_ns() + self.world.scaled_ns(RANGE_SETTLE_S)
         self.set_condition("OPERation", RANGING, True)
@@ -533,6 +540,10 @@ class ThorlabsPM100Emulator(ScpiDevice):
     def _initiate(self, args: str) -> None:
         no_args(args)
         self.last = self._acquire(self.configured)
+
+    def _configure_and_initiate(self, args: str) -> None:
+        self._configure(args, "POW")
+        self._initiate(args)
 
     def _initiate_continuous(self, args: str) -> None:
         no_args(args)

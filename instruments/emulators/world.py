@@ -526,7 +526,7 @@ class World:
     def light_changes(self, port: int, since_ns: int) -> list[int]:
         """Instants after ``since_ns`` at which the light at a port may change (known so far)."""
         with self.lock:
-            out = set()
+            out: set[int] = set()
             for c in self._by_ingress.get(port, []) + self._by_egress.get(port, []):
                 out.update(x for x in (c.lit_ns, c.removed_ns) if x is not None and x > since_ns)
             return sorted(out)

@@ -59,6 +59,7 @@ class WorldService:
     @property
     def address(self) -> str:
         host, port = self._server.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET server's: (host, port)
         return f"{host}:{port}"
 
     def start(self) -> "WorldService":
@@ -186,6 +187,8 @@ class WorldService:
         out = {"time_s": world.scaled_ns(cost.time_s) / 1e9, "physical_s": cost.time_s, "fabric": fabric,
                "algorithm": cost.algorithm, "corrupt": any(world.corrupts_data(h) for h in ranks)}
         if comm is not None:
+            if rank is None or seq is None:
+                raise ValueError(f"collective: entering communicator {comm} takes a rank and a seq")
             out["entered"] = self.rpc_comm_enter(comm, rank, seq, wait_s)
         return out
 
@@ -195,6 +198,8 @@ class WorldService:
         ``job_event`` records it: told with its next question, so that telling costs the job no
         round trip of its own (and, as before, never delays what the job prints)."""
         for event in told or ():
+            if rank is None:
+                raise ValueError("what a rank has done is told with its rank")
             self.rpc_job_event(ranks[rank], rank, event["what"], step=event.get("step"), t_ns=event.get("t_ns"))
 
     def rpc_job_step(self, ranks: list[str], rank: int, gradient_bytes: float, compute_time_s: float,
@@ -217,6 +222,8 @@ class WorldService:
         out = {"failed": False, "step_time_s": world.scaled_ns(compute_time_s) / 1e9 + cost["time_s"],
                "fabric": cost["fabric"]}
         if comm is not None:
+            if seq is None:
+                raise ValueError(f"job_step: entering communicator {comm} takes a seq")
             out["entered"] = self.rpc_comm_enter(comm, rank, seq, wait_s)
         return out
 

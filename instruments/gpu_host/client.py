@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import IO, overload
 
 from lumion_hil.instruments import transcript
 from lumion_hil.instruments.gpu_host import wire
@@ -41,6 +42,15 @@ class _Gone(Exception):
         self.error = error
 
 
+class _Slot:
+    """A call waiting for its reply: ``done`` is set once ``reply`` is in (None: the agent is gone)."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.reply: dict | None = None
+        self.received_ns: int | None = None  # harness time the reply was read
+
+
 class AgentClient(GpuHost, TransmitterControl):
     def __init__(self, name: str, argv: list[str], *, timeout_s: float = 10.0, clock_ns=time.perf_counter_ns):
         self.name = name
@@ -48,7 +58,7 @@ class AgentClient(GpuHost, TransmitterControl):
         self.timeout_s = timeout_s
         self.clock_ns = clock_ns
         self._ids = itertools.count(1)
-        self._pending: dict[int, list] = {}
+        self._pending: dict[int, _Slot] = {}
         self._lock = threading.Lock()
         self._stderr: collections.deque[str] = collections.deque(maxlen=30)
         self._write_lock = threading.Lock()
@@ -75,6 +85,12 @@ class AgentClient(GpuHost, TransmitterControl):
         proc = self._proc
         threading.Thread(target=self._read, args=(proc,), daemon=True, name=f"agent-{self.name}").start()
         threading.Thread(target=self._drain_stderr, args=(proc,), daemon=True, name=f"agent-{self.name}-err").start()
+
+    @property
+    def _stdin(self) -> IO[bytes]:
+        stdin = self._proc.stdin
+        assert stdin is not None  # the agent is started with stdin=PIPE
+        return stdin
 
     @property
     def alive(self) -> bool:
@@ -124,15 +140,16 @@ class AgentClient(GpuHost, TransmitterControl):
             reply = self._decode(line)
             if reply is None:
                 continue
+            rid = reply.get("id")
             with self._lock:
-                slot = self._pending.get(reply.get("id"))
+                slot = self._pending.get(rid) if rid is not None else None
             if slot is not None:
-                slot[1] = reply
-                slot[2] = self.clock_ns()
-                slot[0].set()
+                slot.reply = reply
+                slot.received_ns = self.clock_ns()
+                slot.done.set()
         with self._lock:  # the agent is gone: wake every waiter
             for slot in self._pending.values():
-                slot[0].set()
+                slot.done.set()
 
     def _drain_stderr(self, proc) -> None:
         for line in proc.stderr:
@@ -175,33 +192,34 @@ class AgentClient(GpuHost, TransmitterControl):
     def _call_once_unrecorded(self, method: str, reply_within_s: float | None,
                               params: dict) -> tuple[object, int, int, int]:
         rid = next(self._ids)
-        slot = [threading.Event(), None, None]
+        slot = _Slot()
         with self._lock:
             self._pending[rid] = slot
         sent = self.clock_ns()
         try:
             with self._write_lock:
-                self._proc.stdin.write(wire.encode({"id": rid, "method": method, "params": params}))
-                self._proc.stdin.flush()
+                self._stdin.write(wire.encode({"id": rid, "method": method, "params": params}))
+                self._stdin.flush()
         except (BrokenPipeError, OSError):
             with self._lock:
                 self._pending.pop(rid, None)
             raise _Gone(self._gone(method)) from None
         limit = self.timeout_s if reply_within_s is None else reply_within_s
-        answered = slot[0].wait(limit)
+        answered = slot.done.wait(limit)
         with self._lock:
             self._pending.pop(rid, None)
         if not answered:
             junk = f"; it sent what is not a reply: {self._not_replies[-1][:80]!r}" if self._not_replies else ""
             self._not_replies.clear()
             raise InstrumentIOError(self.name, method, f"no reply from the agent within {limit:g} s{junk}")
-        reply = slot[1]
+        reply = slot.reply
         if reply is None:
             raise _Gone(self._gone(method))
         if not reply.get("ok"):
             err = reply.get("error", {})
             raise InstrumentError(self.name, method, f"agent error {err.get('type')}: {err.get('message')}")
-        return reply.get("result"), reply["clock_ns"], sent, slot[2]
+        assert slot.received_ns is not None  # read with the reply
+        return reply.get("result"), reply["clock_ns"], sent, slot.received_ns
 
     def call(self, method: str, reply_within_s: float | None = None, **params):
         """Call an agent method; ``reply_within_s`` bounds the wait for its reply."""
@@ -234,8 +252,16 @@ class AgentClient(GpuHost, TransmitterControl):
             rtt = received - sent
             if best is None or rtt < best[0]:
                 best = (rtt, agent_ns - (sent + received) // 2)
+        if best is None:
+            raise ValueError(f"{self.name}: syncing the clock takes at least one sample, not {samples}")
         self.clock = ClockMapping(best[1], (best[0] + 1) // 2)
         return self.clock
+
+    @overload
+    def _mapped(self, event: dict, *keys: str) -> dict: ...
+
+    @overload
+    def _mapped(self, event: None, *keys: str) -> None: ...
 
     def _mapped(self, event: dict | None, *keys: str) -> dict | None:
         if event is None:
@@ -331,9 +357,9 @@ class AgentClient(GpuHost, TransmitterControl):
         if self._proc.poll() is None:
             try:
                 with self._write_lock:
-                    self._proc.stdin.write(wire.encode({"id": 0, "method": "bye", "params": {}}))
-                    self._proc.stdin.flush()
-                self._proc.stdin.close()
+                    self._stdin.write(wire.encode({"id": 0, "method": "bye", "params": {}}))
+                    self._stdin.flush()
+                self._stdin.close()
                 self._proc.wait(timeout=timeout_s)
             except (OSError, subprocess.TimeoutExpired):
                 self._proc.kill()

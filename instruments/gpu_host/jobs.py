@@ -119,6 +119,7 @@ class JobControl:
         return {"pid": self._proc.pid, "argv": argv, "started_ns": self._started_ns, "log": str(log_path)}
 
     def _follow(self, proc: subprocess.Popen, log_path: Path) -> None:
+        assert proc.stdout is not None  # popen gives the job's output on a pipe
         with open(log_path, "a", encoding="utf-8") as log:
             for raw in proc.stdout:
                 if self.read_latency_s:

@@ -90,7 +90,7 @@ class NcclResult:
     def total_wrong(self) -> int | None:
         """Wrong elements over every row; None when any row was not checked (N/A or error magnitude)."""
         counts = [p.wrong for r in self.rows for p in (r.out_of_place, r.in_place) if p]
-        return None if any(c is None for c in counts) else sum(counts)
+        return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
 
     def busbw_by_size(self, place: str = "out_of_place") -> dict[int, float]:
         return {r.size_bytes: getattr(r, place).busbw_best_gbps for r in self.rows if getattr(r, place) is not None}
@@ -193,7 +193,10 @@ class _Run:
         try:
             perfs = [_perf(values[g:g + 4], self.columns[g + 3], scale) for g in self.groups]
             root = by_name.get("root")
-            self.rows.append(Row(int(by_name["size"]), int(by_name["count"]), by_name.get("type"),
+            size, count = by_name["size"], by_name["count"]
+            if size is None or count is None:
+                raise ValueError("the size or count column is empty")
+            self.rows.append(Row(int(size), int(count), by_name.get("type"),
                                  by_name.get("redop"), int(root) if root is not None else None,
                                  perfs[0], perfs[1] if len(perfs) > 1 else None))
         except (ValueError, KeyError, IndexError, TypeError) as exc:
@@ -230,6 +233,7 @@ def _parse_text(text: str, source: str) -> list[NcclResult]:
                 units = [u.strip("()") for u in body if u in ("(us)", "(ms)")]
                 pending_units_for = None
                 if units:
+                    assert current is not None  # the run whose column header this row is under
                     current.unit = units[0]
                     continue
                 raise NcclParseError(source, "no units row with (us) or (ms) under the column header", n)
@@ -275,6 +279,8 @@ def _collective_name(program: str) -> str:
 
 def _perf(tokens: list[str | None], wrong_column: str, scale: float) -> Perf:
     time, algbw, busbw, wrong = tokens
+    if time is None or algbw is None or busbw is None:
+        raise ValueError("a time or bandwidth column is empty")
     if wrong_column == "error":  # old versions: the largest error, not a count
         return Perf(float(time) * scale, float(algbw), float(busbw), None, None if wrong in (None, "N/A") else float(wrong))
     if wrong in (None, "N/A"):
@@ -319,6 +325,8 @@ def _json_perf(p: dict | None) -> Perf | None:
     if p is None:
         return None
     time = p.get("time", p.get("cpu_time"))
+    if time is None:
+        raise ValueError("neither time nor cpu_time")
     wrong = p.get("nwrong")
     return Perf(float(time), float(p["alg_bw"]), float(p["bus_bw"]), None if wrong is None else int(wrong))
 
