@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from lumion_hil.harness.config import MeterInstrument, SwitchInstrument
 from lumion_hil.instruments.visa import VisaSession
+
+if TYPE_CHECKING:
+    from lumion_hil.instruments.keysight_n77xx import KeysightN77xx
+    from lumion_hil.instruments.thorlabs_pm100 import ThorlabsPM100
 
 
 def open_driver(name: str, spec: SwitchInstrument | MeterInstrument, resource: str, *, opc_timeout_s: float = 10.0):
@@ -11,9 +17,11 @@ def open_driver(name: str, spec: SwitchInstrument | MeterInstrument, resource: s
     emulator listens). The driver does not know, and does not care, which one it is. SCPI
     instruments start with their error queue cleared (``*CLS``); meters are set to the bench's
     wavelength on every channel."""
+    meter: ThorlabsPM100 | KeysightN77xx
     if spec.model == "polatis":
         from lumion_hil.instruments.polatis import PolatisSwitch
 
+        assert isinstance(spec, SwitchInstrument)  # the bench file's validation: a switch model is a switch's
         switch = PolatisSwitch(_visa(name, spec, resource), power_monitors=spec.power_monitors,
                                opc_timeout_s=opc_timeout_s)
         try:
@@ -25,15 +33,18 @@ def open_driver(name: str, spec: SwitchInstrument | MeterInstrument, resource: s
     if spec.model == "dicon-matrix":
         from lumion_hil.instruments.dicon import DiconMatrix
 
+        assert isinstance(spec, SwitchInstrument)
         return DiconMatrix(name, resource, ingress=spec.ports[0], egress=spec.ports[1], baud_rate=spec.baud_rate,
                            timeout_s=max(spec.timeout_s, opc_timeout_s), pace_s=spec.pace_s)
     if spec.model == "thorlabs-pm100":
         from lumion_hil.instruments.thorlabs_pm100 import ThorlabsPM100
 
+        assert isinstance(spec, MeterInstrument)  # the bench file's validation: a meter model is a meter's
         meter = ThorlabsPM100(_visa(name, spec, resource), opc_timeout_s=opc_timeout_s)
     elif spec.model == "keysight-n77xx":
         from lumion_hil.instruments.keysight_n77xx import KeysightN77xx
 
+        assert isinstance(spec, MeterInstrument)
         meter = KeysightN77xx(_visa(name, spec, resource), channels=spec.channels, opc_timeout_s=opc_timeout_s)
     else:
         raise ValueError(f"{name}: no driver for model {spec.model!r}")

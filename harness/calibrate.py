@@ -123,8 +123,8 @@ def fit(bench, transcripts: list[tuple[str, dict, list[dict]]]) -> Fit:
         if len(diffs) < 5 or instrument not in bench.instruments:
             continue
         sigma = math.sqrt(sum(d * d for d in diffs) / len(diffs) / 2)
-        key = "monitor_noise_db" if instrument == bench.topology.switch else "noise_db"
-        out.set(f"instruments.{instrument}.emulation.{key}", round(sigma, 4),
+        noise_key = "monitor_noise_db" if instrument == bench.topology.switch else "noise_db"
+        out.set(f"instruments.{instrument}.emulation.{noise_key}", round(sigma, 4),
                 f"{names}: {len(diffs)} back-to-back lit readings")
 
     # NIC bring-up per host.

@@ -12,7 +12,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Iterable, Literal, Union
 
 import yaml
 from pydantic import (
@@ -27,6 +27,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
 from lumion_hil.harness import timescale
 from lumion_hil.harness.errors import BenchFileError, BenchProblem
@@ -86,30 +87,31 @@ class SwitchEmulation(_Model):
     """How the emulated switch behaves. Used only when the instrument's resource is ``emulated``."""
 
     switching_time_s: NonNegativeFloat = 0.05
-    switching_jitter_s: NonNegativeFloat = Field(0.0, description="spread (standard deviation) of one connection's "
-                                                 "switching time: each connection draws its own, never below zero "
-                                                 "(0: every one takes switching_time_s)")
+    switching_jitter_s: NonNegativeFloat = Field(default=0.0, description="spread (standard deviation) of one "
+                                                 "connection's switching time: each connection draws its own, never "
+                                                 "below zero (0: every one takes switching_time_s)")
     insertion_loss_db: NonNegativeFloat = 1.5
     monitor_floor_dbm: float = -50.0
     monitor_noise_db: NonNegativeFloat = 0.02
     command_latency_s: NonNegativeFloat = 0.0002
-    multi_connection_extra_s: NonNegativeFloat = Field(0.0, description="extra switching time of each connection "
-                                                       "in a command that makes two or more (a controller that "
-                                                       "moves a batch of beams more slowly; 0: none). lumion-hil "
-                                                       "calibrate does not fit it: fidelity names it unexplained")
+    multi_connection_extra_s: NonNegativeFloat = Field(default=0.0, description="extra switching time of each "
+                                                       "connection in a command that makes two or more (a controller "
+                                                       "that moves a batch of beams more slowly; 0: none). "
+                                                       "lumion-hil calibrate does not fit it: fidelity names it "
+                                                       "unexplained")
     port_loss_db: dict[int, NonNegativeFloat] = Field(default={}, description="extra loss at some ports (a dirty "
                                                       "or damaged connector), port -> dB")
     connection_loss_db: dict[str, float] = Field(default={}, description="loss of some connections beyond "
                                                  "insertion_loss_db, 'INGRESS-EGRESS' -> dB (a beam-steering "
                                                  "switch's loss differs from port pair to port pair; lumion-hil "
                                                  "calibrate fits it)")
-    crosstalk_db: float | None = Field(None, description="light of every lit ingress leaking into each dark egress, "
-                                       "this many dB down (None: none)")
-    reported_ports: tuple[PositiveInt, PositiveInt] | None = Field(None, description="the size the switch reports, "
-                                                                   "if not its real one")
+    crosstalk_db: float | None = Field(default=None, description="light of every lit ingress leaking into each dark "
+                                       "egress, this many dB down (None: none)")
+    reported_ports: tuple[PositiveInt, PositiveInt] | None = Field(default=None, description="the size the switch "
+                                                                   "reports, if not its real one")
     faults: list[str] = Field(default=[], description="faults switched on from the start: stall, delay=S, drop, "
                               "partial, garbage, errors, busy, power_loss=S (lumion-hil emulate --help)")
-    product_code: str | None = Field(None, description="the product code *IDN? reports (default "
+    product_code: str | None = Field(default=None, description="the product code *IDN? reports (default "
                                      "N-VST-<in>x<out>-HU1-EMU), for scripts that check for their model")
     swapped_ports: list[tuple[PositiveInt, PositiveInt]] = Field(
         default=[], description="pairs of ports whose fibres are each other's (a patch-panel mistake): the fibre "
@@ -144,8 +146,8 @@ class SwitchEmulation(_Model):
 
 class MeterEmulation(_Model):
     noise_db: NonNegativeFloat = 0.02
-    offset_db: float = Field(0.0, description="what every lit reading adds to the light at the port (a meter out "
-                             "of calibration; 0: none). lumion-hil calibrate does not fit it: fidelity names it "
+    offset_db: float = Field(default=0.0, description="what every lit reading adds to the light at the port (a meter "
+                             "out of calibration; 0: none). lumion-hil calibrate does not fit it: fidelity names it "
                              "unexplained where another detector sees the same port")
     dark_floor_dbm: float = -70.0
     min_sample_interval_s: PositiveFloat = 0.0001
@@ -164,7 +166,7 @@ class _InstrumentBase(_Model):
     timeout_s: PositiveFloat = 5.0
     read_termination: str = "\n"
     write_termination: str = "\n"
-    pace_s: NonNegativeFloat = Field(0.0, description="pause between commands; some firmware needs it")
+    pace_s: NonNegativeFloat = Field(default=0.0, description="pause between commands; some firmware needs it")
     baud_rate: PositiveInt = 115200
 
     @property
@@ -237,29 +239,30 @@ class NicPort(_Model):
     rx_port: PositiveInt
     tx_fibre_loss_db: NonNegativeFloat = 0.0
     rx_fibre_loss_db: NonNegativeFloat = 0.0
-    interface: str | None = Field(None, description="Linux interface name on the host, e.g. ens1f0")
-    wavelength_nm: PositiveFloat = Field(1310.0, description="transmitter wavelength (10GBASE-LR: 1310 nm)")
+    interface: str | None = Field(default=None, description="Linux interface name on the host, e.g. ens1f0")
+    wavelength_nm: PositiveFloat = Field(default=1310.0, description="transmitter wavelength (10GBASE-LR: 1310 nm)")
 
 
 class HostEmulation(_Model):
     """How an emulated host's links and GPUs behave. Used only when its address is ``emulated``."""
 
-    receiver_sensitivity_dbm: float = Field(-14.4, description="the light its receivers need to lock (assumption: "
-                                            "receivers exactly at IEEE 802.3 clause 52's 10GBASE-LR -14.4 dBm); a "
-                                            "device setting, which may be worse than the lab's limit")
-    lock_time_s: NonNegativeFloat = Field(0.005, description="light at the receiver to CDR lock")
-    link_up_time_s: NonNegativeFloat = Field(0.1, description="lock to carrier up as the OS reports it")
-    management_latency_s: NonNegativeFloat = Field(0.0, description="round trip of the network between the "
+    receiver_sensitivity_dbm: float = Field(default=-14.4, description="the light its receivers need to lock "
+                                            "(assumption: receivers exactly at IEEE 802.3 clause 52's 10GBASE-LR "
+                                            "-14.4 dBm); a device setting, which may be worse than the lab's limit")
+    lock_time_s: NonNegativeFloat = Field(default=0.005, description="light at the receiver to CDR lock")
+    link_up_time_s: NonNegativeFloat = Field(default=0.1, description="lock to carrier up as the OS reports it")
+    management_latency_s: NonNegativeFloat = Field(default=0.0, description="round trip of the network between the "
                                                    "harness and this host's agent, half each way (a remote or busy "
                                                    "management network; 0: none; software time, never scaled). "
                                                    "lumion-hil calibrate does not fit it: fidelity names it "
                                                    "unexplained")
-    agent_latency_s: NonNegativeFloat = Field(0.0, description="how late the host tells its agent of a link change "
-                                              "or a line of the job's output (0: at once)")
-    link_rate_factor: float = Field(1.0, gt=0, le=1, description="the fraction of its rate each optical link "
+    agent_latency_s: NonNegativeFloat = Field(default=0.0, description="how late the host tells its agent of a link "
+                                              "change or a line of the job's output (0: at once)")
+    link_rate_factor: float = Field(default=1.0, gt=0, le=1, description="the fraction of its rate each optical link "
                                     "of this host really carries (1: all of it)")
-    silent_data_corruption: bool = Field(False, description="its GPU returns wrong results without an error")
-    link_flaps: NonNegativeInt = Field(0, description="times a link comes up and drops again before it stays up")
+    silent_data_corruption: bool = Field(default=False, description="its GPU returns wrong results without an error")
+    link_flaps: NonNegativeInt = Field(default=0, description="times a link comes up and drops again before it "
+                                       "stays up")
     tx_shortfall_db: dict[str, NonNegativeFloat] = Field(default={}, description="NIC port -> dB its transmitter "
                                                          "launches below the bench file's launch_dbm (a weak or "
                                                          "ageing transmitter). Found by lumion-hil bench budget")
@@ -271,8 +274,8 @@ class HostEmulation(_Model):
 
 class Host(_Model):
     name: str
-    address: str = Field(EMULATED, description="'emulated', 'local', or an ssh destination")
-    python: str = Field("python3", description="interpreter that runs the agent on the host")
+    address: str = Field(default=EMULATED, description="'emulated', 'local', or an ssh destination")
+    python: str = Field(default="python3", description="interpreter that runs the agent on the host")
     gpus: list[Gpu] = Field(min_length=1)
     nics: list[NicPort] = Field(min_length=1)
     emulation: HostEmulation = HostEmulation()
@@ -302,15 +305,16 @@ class Job(_Model):
         default=[], description="argv template; {rank} {world_size} {gpu} {master_addr} {master_port} "
         "{heartbeat} are filled in. Empty: the emulated training job")
     master_port: PositiveInt = 29500
-    heartbeat_dir: str = Field("/tmp/lumion-hil", description="where each rank writes its heartbeat file")
+    heartbeat_dir: str = Field(default="/tmp/lumion-hil", description="where each rank writes its heartbeat file")
     # The emulated job's model of one data-parallel step (bench files say where they come from).
     gradient_bytes: PositiveFloat = 2.47e9
     compute_time_s: NonNegativeFloat = 0.3
     startup_time_s: NonNegativeFloat = 1.0
-    batch_per_rank: PositiveInt = Field(8, description="samples each rank takes per step (samples/s = this x ranks / step time)")
-    nccl_timeout_s: PositiveFloat = Field(30.0, description="the emulated job's NCCL timeout: how long a rank waits "
-                                          "for its peers, at init and in each collective, before it fails (scaled "
-                                          "with the emulation; PyTorch's own default is 10 min)")
+    batch_per_rank: PositiveInt = Field(default=8, description="samples each rank takes per step (samples/s = this x "
+                                        "ranks / step time)")
+    nccl_timeout_s: PositiveFloat = Field(default=30.0, description="the emulated job's NCCL timeout: how long a "
+                                          "rank waits for its peers, at init and in each collective, before it fails "
+                                          "(scaled with the emulation; PyTorch's own default is 10 min)")
 
 
 class Topology(_Model):
@@ -335,7 +339,7 @@ class Limits(_Model):
     switch_time_per_connection_s: Sourced
     switch_command_overhead_s: Sourced = Sourced(value=0.05, source="allowance for SCPI round trips")
     marginal_fraction: float = Field(
-        0.1, ge=0, lt=1, description="a pass within this fraction of the limit is reported marginal"
+        default=0.1, ge=0, lt=1, description="a pass within this fraction of the limit is reported marginal"
     )
     link_up_after_light_s: Sourced = Sourced(value=0.5, source="lab requirement (assumption): a NIC has carrier "
                                              "within 0.5 s of light at its receiver")
@@ -360,7 +364,7 @@ class Deadlines(_Model):
     light_s: PositiveFloat = 5.0
     link_up_s: PositiveFloat = 30.0
     recovery_s: PositiveFloat = 120.0
-    io_allowance_s: NonNegativeFloat = Field(0.5, description="real time added to each deadline when emulated "
+    io_allowance_s: NonNegativeFloat = Field(default=0.5, description="real time added to each deadline when emulated "
                                              "latencies are scaled: the commands' round trips do not shrink with them")
 
     WAITS: ClassVar[tuple[str, ...]] = ("opc_s", "light_s", "link_up_s", "recovery_s")
@@ -386,8 +390,8 @@ class Safety(_Model):
         default=[], description="cross-connects (ingress, egress) restored at set-up and teardown"
     )
     owned_ports: list[PositiveInt] | None = Field(
-        None, description="the switch ports this bench may switch, when it shares the switch with other benches "
-        "(every other port is left alone, as a protected one); a labgrid place's `ports` tag sets it "
+        default=None, description="the switch ports this bench may switch, when it shares the switch with other "
+        "benches (every other port is left alone, as a protected one); a labgrid place's `ports` tag sets it "
         "(harness/places.py). Default: the whole switch")
 
 
@@ -395,9 +399,9 @@ class PlaceSettings(_Model):
     """The bench as a labgrid place (harness/places.py): runs reserve and acquire it on the
     lab's coordinator instead of taking a file lock on this machine."""
 
-    coordinator: str | None = Field(None, description="the labgrid coordinator, HOST:PORT (LG_COORDINATOR wins; "
-                                    "default 127.0.0.1:20408)")
-    name: str | None = Field(None, description="the place's name (LG_PLACE wins)")
+    coordinator: str | None = Field(default=None, description="the labgrid coordinator, HOST:PORT (LG_COORDINATOR "
+                                    "wins; default 127.0.0.1:20408)")
+    name: str | None = Field(default=None, description="the place's name (LG_PLACE wins)")
     tags: dict[str, str] = Field(default={}, description="or the tags a place must have: the reservation takes any "
                                  "free place that has them")
 
@@ -413,9 +417,9 @@ class MigrationBaseline(_Model):
     its checkpoint (LUMION's baseline). Emulated on the same world, to compare; the reserved
     rack's servers are on the electrical network (``electrical``), in a rack of their own."""
 
-    checkpoint_bytes: PositiveFloat = Field(1.73e10, description="weights, optimizer state, master copy")
-    network_gbps: PositiveFloat = Field(25.0, description="checkpoint storage to the new rack")
-    scheduling_s: NonNegativeFloat = Field(5.0, description="finding and claiming the reserved rack")
+    checkpoint_bytes: PositiveFloat = Field(default=1.73e10, description="weights, optimizer state, master copy")
+    network_gbps: PositiveFloat = Field(default=25.0, description="checkpoint storage to the new rack")
+    scheduling_s: NonNegativeFloat = Field(default=5.0, description="finding and claiming the reserved rack")
 
 
 class ElectricalRack(_Model):
@@ -423,7 +427,8 @@ class ElectricalRack(_Model):
     packet switch, and servers in other racks through each rack's shared uplink. On an emulated
     bench the world models it; on a real one it is the network the hosts' ``interface`` is on."""
 
-    interface: str = Field("eth0", description="the hosts' NIC on it; a job uses it when NCCL_SOCKET_IFNAME names it")
+    interface: str = Field(default="eth0", description="the hosts' NIC on it; a job uses it when NCCL_SOCKET_IFNAME "
+                           "names it")
     nic_gbps: Sourced = Field(description="each server's NIC rate")
     hop_latency_us: Sourced = Field(description="one packet-switch hop")
     oversubscription: Sourced = Field(description="a rack's server bandwidth over its uplink's (2: 2:1); under "
@@ -451,13 +456,14 @@ class CollectiveSettings(_Model):
                                        "(the prototype ran NCCL_IB_DISABLE=1)")
     optical_hop_latency_us: Sourced = Sourced(value=1.0, source="assumption: NIC to NIC over a circuit, "
                                               "a few metres of fibre")
-    rings: Literal[1, 2] = Field(2, description="NCCL rings: 2 runs one each way round")
+    rings: Literal[1, 2] = Field(default=2, description="NCCL rings: 2 runs one each way round")
 
 
 class NcclTests(_Model):
     """How the suites run nccl-tests on the hosts."""
 
-    path: str = Field("", description="folder of the *_perf binaries on the hosts; emulated hosts run emulated ones")
+    path: str = Field(default="", description="folder of the *_perf binaries on the hosts; emulated hosts run "
+                      "emulated ones")
     launcher: list[str] = Field(default=[], description="argv before the binary, e.g. [mpirun, -np, '{world_size}', "
                                 "-H, '{hosts}']; {world_size} and {hosts} are filled in. Empty: the binary alone")
     min_bytes: PositiveInt = 8
@@ -465,7 +471,8 @@ class NcclTests(_Model):
     step_factor: PositiveInt = 2
     iters: PositiveInt = 5
     warmup_iters: NonNegativeInt = 1
-    check: NonNegativeInt = Field(1, description="-c: iterations whose results are checked (0: none, #wrong is N/A)")
+    check: NonNegativeInt = Field(default=1, description="-c: iterations whose results are checked (0: none, #wrong "
+                                  "is N/A)")
     timeout_s: PositiveFloat = 300.0
 
 
@@ -475,25 +482,26 @@ class NetnsSettings(_Model):
     carrier the world's light drives, circuits as bridges, the electrical rack a bridge per rack
     joined through shaped uplinks, and the job a real program exchanging real bytes."""
 
-    rate_scale: float = Field(0.01, gt=0, le=1, description="every line rate is shaped to this fraction of the "
-                              "bench file's (0.01: 10 Gb/s -> 100 Mb/s), so that real bytes through sockets on one "
-                              "machine keep up; the job's gradients are scaled the same, so a step lasts what the "
+    rate_scale: float = Field(default=0.01, gt=0, le=1, description="every line rate is shaped to this fraction of "
+                              "the bench file's (0.01: 10 Gb/s -> 100 Mb/s), so that real bytes through sockets on "
+                              "one machine keep up; the job's gradients are scaled the same, so a step lasts what the "
                               "bench file's rates say")
-    user: str = Field("root", description="the user the harness logs in as on each host's sshd")
-    job: Literal["torch", "ring"] = Field("ring", description="the job the suites run here (without job.command): "
-                                          "torch, a PyTorch DDP job on gloo started by torchrun on every host, "
-                                          "with checkpoints on shared storage; ring, the light ring job "
+    user: str = Field(default="root", description="the user the harness logs in as on each host's sshd")
+    job: Literal["torch", "ring"] = Field(default="ring", description="the job the suites run here (without "
+                                          "job.command): torch, a PyTorch DDP job on gloo started by torchrun on "
+                                          "every host, with checkpoints on shared storage; ring, the light ring job "
                                           "(ring_job.py), which the failure sequences keep for their restarts")
-    checkpoint_every: NonNegativeInt = Field(2, description="the PyTorch job's steps between checkpoints (0: none)")
+    checkpoint_every: NonNegativeInt = Field(default=2, description="the PyTorch job's steps between checkpoints "
+                                             "(0: none)")
     collectives: list[Literal["ring", "gloo", "mpi"]] = Field(
-        ["ring"], min_length=1, description="the libraries the collective-bandwidth suite measures with, each "
-        "printing nccl-tests' output: ring (lumion-hil's ring, ring_perf.py, launched over ssh), gloo "
+        default=["ring"], min_length=1, description="the libraries the collective-bandwidth suite measures with, "
+        "each printing nccl-tests' output: ring (lumion-hil's ring, ring_perf.py, launched over ssh), gloo "
         "(torch.distributed, launched over ssh on every host), mpi (mpi4py's Allreduce on Open MPI, launched "
         "by mpirun with a host file)")
 
 
 class RecoverySettings(_Model):
-    controller: str = Field("lumion_hil.harness.controller:ReferenceController",
+    controller: str = Field(default="lumion_hil.harness.controller:ReferenceController",
                             description="the recovery controller under test: module:factory, or a name registered "
                             "under the lumion_hil.controllers entry points (reference)")
     controller_options: dict[str, Any] = Field(default={}, description="keyword arguments for the factory")
@@ -502,7 +510,7 @@ class RecoverySettings(_Model):
 
 
 class EmulatorSettings(_Model):
-    time_scale: PositiveFloat = Field(1.0, description="multiplies every emulated latency")
+    time_scale: PositiveFloat = Field(default=1.0, description="multiplies every emulated latency")
     seed: int = 1
     defects: list[str] = Field(default=[], description="defects of the emulated bench, NAME[=VALUE] "
                                "(lumion-hil defects lists them): to show which verdict each turns red")
@@ -515,9 +523,10 @@ class Bench(_Model):
     name: str
     description: str = ""
     emulator: EmulatorSettings = EmulatorSettings()
-    backend: str | None = Field(None, description="the bench backend: module:factory, or a name registered under the "
-                                "lumion_hil.backends entry points (emulated, served, netns, real); default: from the bench "
-                                "(emulated instruments: emulated; hosts at world:HOST:PORT: served; else real)")
+    backend: str | None = Field(default=None, description="the bench backend: module:factory, or a name registered "
+                                "under the lumion_hil.backends entry points (emulated, served, netns, real); default: "
+                                "from the bench (emulated instruments: emulated; hosts at world:HOST:PORT: served; "
+                                "else real)")
     instruments: dict[str, Instrument] = Field(min_length=1)
     topology: Topology
     detectors: list[Detector] = []
@@ -639,9 +648,9 @@ class Bench(_Model):
                           f"({', '.join(plugin_names(group)) or 'none'})")
         if self.electrical is not None:
             hosts = {h.name for h in self.topology.hosts}
-            for host in self.electrical.racks:
-                if host not in hosts:
-                    bad(f"electrical.racks.{host}", f"no host named {host!r}")
+            for racked in self.electrical.racks:
+                if racked not in hosts:
+                    bad(f"electrical.racks.{racked}", f"no host named {racked!r}")
             optical = {n.interface or n.name for h in self.topology.hosts for n in h.nics}
             if self.electrical.interface in optical:
                 bad("electrical.interface", f"{self.electrical.interface!r} is an optical NIC's interface")
@@ -722,9 +731,10 @@ def _unique(bad, path: str, values: list, what: str) -> None:
 # --- loading ----------------------------------------------------------------------------------
 
 
-def port_ranges(ports) -> str:
+def port_ranges(ports: Iterable[int]) -> str:
     """Ports as ``1-8,33-40``."""
-    out, run = [], []
+    out: list[str] = []
+    run: list[int] = []
     for p in sorted(ports):
         if run and p == run[-1] + 1:
             run.append(p)
@@ -809,7 +819,7 @@ def bench_json_schema() -> str:
     return json.dumps(Bench.model_json_schema(), indent=2)
 
 
-def _reason(err: dict) -> str:
+def _reason(err: ErrorDetails) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "missing":
         return "required field is missing"

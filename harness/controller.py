@@ -181,10 +181,12 @@ class ReferenceController(RecoveryController):
         for attempt in range(len(self.bench.topology.hosts)):
             try:
                 self._switch_in(result, plan, first=attempt == 0)
+                assert result.plan is not None  # _switch_in sets it first thing
                 self.ranks = result.plan.ranks_after
                 result.status, result.reason = Status.RECOVERED, result.plan.diagnosis
                 return
             except RecoveryError as exc:
+                assert result.plan is not None  # _switch_in sets it first thing
                 plan = result.plan  # the fallback, where the first guess was wrong
                 lost = [h for h in plan.ranks_after if self.spares.lost(h)]
                 if not lost:
@@ -213,6 +215,8 @@ class ReferenceController(RecoveryController):
                 if plan.remove:
                     self.switch.connect(plan.remove)
                 fallback = plan.fallback
+                # a plan with a fallback is a guess between two hosts, each replaced (Planner.plan)
+                assert plan.failed_host is not None and fallback.failed_host is not None
                 fallback.diagnosis += f" (the first guess failed: {failed})"
                 self.spares.take_out(fallback.failed_host, self.spares.out_of_service.pop(plan.failed_host, "diagnosed"))
                 plan = result.plan = fallback

@@ -41,7 +41,7 @@ import enum
 import math
 import warnings
 from dataclasses import asdict, dataclass
-from typing import Hashable, Sequence
+from typing import Hashable, Sequence, TypedDict
 
 import numpy as np
 from scipy import stats
@@ -125,6 +125,17 @@ class Decision:
         return out
 
 
+class _Shared(TypedDict):
+    """The fields of a :class:`Decision` that every answer of one comparison shares."""
+
+    what: str
+    unit: str
+    n_before: int
+    n_after: int
+    margin: float
+    alpha: float
+
+
 def _finite(values: Sequence[float]) -> np.ndarray:
     return np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
 
@@ -156,7 +167,7 @@ def compare(before: Sequence[float], after: Sequence[float], *, margin: float, a
         before, after = [b for b, _ in pairs], [a for _, a in pairs]
     x, y = _finite(before), _finite(after)
     level = 1 - 2 * alpha
-    base = dict(what=what, unit=unit, n_before=len(x), n_after=len(y), margin=float(margin), alpha=alpha)
+    base = _Shared(what=what, unit=unit, n_before=len(x), n_after=len(y), margin=float(margin), alpha=alpha)
     if paired and len(x) >= MIN_SAMPLES:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -169,7 +180,7 @@ def compare(before: Sequence[float], after: Sequence[float], *, margin: float, a
         return _compare(x, y, base, level, margin)
 
 
-def _paired(differences: np.ndarray, base: dict, level: float, margin: float) -> Decision:
+def _paired(differences: np.ndarray, base: _Shared, level: float, margin: float) -> Decision:
     # Yuen's test of the differences against none (a one-sample trimmed t; scipy's two-sample
     # form with a side of zeros, whose spread is nothing, is exactly that)
     result = stats.ttest_ind(differences, np.zeros_like(differences), equal_var=False, trim=TRIM)
@@ -178,7 +189,7 @@ def _paired(differences: np.ndarray, base: dict, level: float, margin: float) ->
                    "paired, Yuen (20% trimmed mean of the differences)")
 
 
-def _compare(x: np.ndarray, y: np.ndarray, base: dict, level: float, margin: float) -> Decision:
+def _compare(x: np.ndarray, y: np.ndarray, base: _Shared, level: float, margin: float) -> Decision:
     if min(len(x), len(y)) < MIN_SAMPLES and not (min(len(x), len(y)) == 1 and max(len(x), len(y)) >= MIN_SAMPLES):
         effect = float(np.mean(y) - np.mean(x))
         return Decision(**base, effect=effect, low=None, high=None, verdict=Verdict.UNDECIDED, method="-",
@@ -197,7 +208,7 @@ def _compare(x: np.ndarray, y: np.ndarray, base: dict, level: float, margin: flo
     return _answer(base, result, effect, spread, level, margin, method)
 
 
-def _answer(base: dict, result, effect: float, spread: float, level: float, margin: float, method: str) -> Decision:
+def _answer(base: _Shared, result, effect: float, spread: float, level: float, margin: float, method: str) -> Decision:
     if spread == 0.0:  # no noise on either side: the difference is exact
         low = high = effect
     else:

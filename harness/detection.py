@@ -18,7 +18,7 @@ WATCH_WINDOW_S = 0.25  # how long each watcher's event wait lasts before it chec
 FATAL_XIDS = (79, 48, 74, 94, 95)
 # Several watchers may fire for one fault (an XID and then the job's exit): the most telling
 # one that came first is what happened.
-_TELLING = {DetectionKind.XID: 0, DetectionKind.LINK_DOWN: 1, DetectionKind.MARGIN_LOW: 2,
+_TELLING: dict[str, int] = {DetectionKind.XID: 0, DetectionKind.LINK_DOWN: 1, DetectionKind.MARGIN_LOW: 2,
             DetectionKind.AGENT_LOST: 3, DetectionKind.JOB_EXIT: 4}
 
 

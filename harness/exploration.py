@@ -23,7 +23,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import yaml
 
@@ -324,6 +324,8 @@ class _Damage:
 class Explorer:
     """Carries out steps on an open session and judges the promises after each."""
 
+    CHECKS: ClassVar[tuple[Check, ...]]  # set below the class, once every check is registered
+
     def __init__(self, session, *, measure: Callable | None = None, record_path: str | Path | None = None,
                  test: str | None = None):
         if session.bench.job is None:
@@ -417,8 +419,10 @@ class Explorer:
                 continue
             if s.host is not None and s.host not in names:
                 return f"bench {self.bench.name!r} has no host {s.host!r}"
-            if s.nic is not None and s.nic not in self.nics_of(s.host):
-                return f"host {s.host!r} has no NIC {s.nic!r}"
+            if s.nic is not None:
+                assert s.host is not None, "a step that names a NIC names its host"
+                if s.nic not in self.nics_of(s.host):
+                    return f"host {s.host!r} has no NIC {s.nic!r}"
             if s.kind is not None and not self.can_make(s.kind):
                 return f"{s.kind}: {self.injector.supported(s.kind)[1]}"
         if step.action == "degrade" and not self.can_make("transceiver_degradation"):
@@ -436,8 +440,10 @@ class Explorer:
             return f"{step.host} is not in the job ({', '.join(self.ranks)})"
         if step.during is not None and (step.during.host not in self.ranks or step.during.host == step.host):
             return f"{step.during.host} is not another host of the job"
-        if step.action == "repair" and not self.model.broken(step.host) and not self.model.faded(step.host):
-            return f"nothing on {step.host} is broken"
+        if step.action == "repair":
+            assert step.host is not None, "a repair step names its host"
+            if not self.model.broken(step.host) and not self.model.faded(step.host):
+                return f"nothing on {step.host} is broken"
         if step.during is not None and step.during.kind not in (FaultKind.GPU_FAILURE, FaultKind.PROCESS_KILL):
             return "a second fault during a recovery is a GPU failure or a killed process"
         if step.spare_fails and step.kind not in REPLACING:
@@ -453,12 +459,14 @@ class Explorer:
         if step.action == "quiet":
             return self._quiet()
         if step.action == "repair":
+            assert step.host is not None, "a repair step names its host"
             return self._repair(step.host)
         if step.action == "degrade":
             return self._degrade(step)
         return self._fault(step)
 
     def _fault_of(self, step: Step) -> Fault:
+        assert step.kind is not None and step.host is not None, "a fault step names its kind and host"
         return Fault(step.kind, step.host, step.nic if step.kind in NIC_KINDS else None)
 
     def _note(self, fault: Fault) -> None:
@@ -505,6 +513,8 @@ class Explorer:
         return f"{result.status}: {result.reason}"
 
     def _degrade(self, step: Step) -> str:
+        assert step.host is not None and step.nic is not None and step.by_db is not None, \
+            "a degrade step names its host, NIC and dB"
         key = (step.host, step.nic)
         total = self.model.fading.get(key, 0.0) + step.by_db
         now = self.light_at_receiver(step.host, step.nic)  # read before the fade: the oracle's measurement

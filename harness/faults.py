@@ -20,7 +20,7 @@ __all__ = ["CATALOGUE", "Fault", "FaultKind", "FaultNotPossible", "Injector"]
 
 @dataclass(frozen=True)
 class FaultSpec:
-    name: str
+    name: FaultKind
     description: str
     on_bench: str | None  # how a real bench makes it; None: it cannot
     why_not: str = ""

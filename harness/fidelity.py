@@ -28,7 +28,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, TypeGuard, cast
 
 from lumion_hil.harness import decisions
 from lumion_hil.instruments import transcript
@@ -250,7 +250,8 @@ def analyse(bench, entries: list[dict]) -> Analysis:
                 last_reading[port] = reading
                 out.readings.append(reading)
         if kind == "agent" and not e.get("error"):
-            method, result, host = e.get("method"), e.get("result"), e.get("name")
+            # an agent's line always names its host (instruments/transcript.py)
+            method, result, host = e.get("method"), e.get("result"), cast(str, e.get("name"))
             if method in FAST_METHODS:
                 out.agent.setdefault(host, []).append((done - t) / 1e9)
                 out.agent_at.setdefault(host, []).append(index)
@@ -303,7 +304,7 @@ def analyse(bench, entries: list[dict]) -> Analysis:
                 event = result.get("t_ns", 0) - offset
                 nic = nic_of.get((host, result.get("interface")))
                 lit = lit_at.get(nic.rx_port) if nic is not None else None
-                if lit is not None and 0 < event - lit < 30e9:
+                if nic is not None and lit is not None and 0 < event - lit < 30e9:
                     out.link_up.setdefault(host, []).append((event - lit) / 1e9)
                     out.link_events.append((index, host, nic.rx_port, lit, event, alone.get(nic.rx_port, False)))
     for job in jobs:
@@ -542,9 +543,11 @@ class Replayer:
                                                           timeout_s=max(spec.timeout_s, 10))
                 else:
                     self._channels[channel] = _visa(channel, spec, resource)
-            argv = {}
+            argv: dict[str, list[str]] = {}
             for host in self.bench.topology.hosts:
-                argv[host.name] = backend.agent_argv(host)
+                host_argv = backend.agent_argv(host)
+                assert host_argv is not None, f"the emulated bench's backend starts {host.name}'s agent"
+                argv[host.name] = host_argv
                 backend.nccl_tests_folder(host)
                 self._channels[host.name] = AgentClient(host.name, argv[host.name], timeout_s=self.bench.waits.opc_s)
             self.job_ranks = self._job_ranks() if self.bench.job is not None and not self.bench.job.command else {}
@@ -802,13 +805,13 @@ def compare(bench, recorded: list[dict], replayed: list[dict], time_scale: float
             replies.append({"index": index, "name": entry.get("name"), "exchange": what, "why": "not replayed"})
             continue
         if bool(entry.get("error")) != bool(other.get("error")):
-            why = f"error on the {'recording' if entry.get('error') else 'replay'} only: " \
+            why: str | None = f"error on the {'recording' if entry.get('error') else 'replay'} only: " \
                   f"{entry.get('error') or other.get('error')}"
         elif entry["type"] == "agent" and entry.get("method") in POLL_METHODS:
             # progress read at a moment: what both had by then must agree
-            a = [s[0] if isinstance(s, list) and s else s for s in entry.get("result") or []]
-            b = [s[0] if isinstance(s, list) and s else s for s in other.get("result") or []]
-            why = differ(a[:len(b)], b[:len(a)]) if not entry.get("error") else None
+            had = [s[0] if isinstance(s, list) and s else s for s in entry.get("result") or []]
+            has = [s[0] if isinstance(s, list) and s else s for s in other.get("result") or []]
+            why = differ(had[:len(has)], has[:len(had)]) if not entry.get("error") else None
         else:
             key = "result" if entry["type"] == "agent" else "reply"
             why = differ(entry.get(key), other.get(key)) if not entry.get("error") else None
@@ -902,19 +905,19 @@ def compare(bench, recorded: list[dict], replayed: list[dict], time_scale: float
         startup_s = bench.job.startup_time_s * scale if bench.job is not None and bench.job.startup_time_s else 0.0
         add("job_start", x, y, PARAMETER_MARGIN * (startup_s or _location(x.values())))
     light_samples = _light_samples(a, b)
-    for (instrument, ingress, egress), (x, y) in sorted(light_samples.items()):
-        family.add(("light", instrument, ingress, egress), x, y, margin=POWER_MARGIN_DB,
+    for (instrument, ingress, egress), (xs, ys) in sorted(light_samples.items()):
+        family.add(("light", instrument, ingress, egress), xs, ys, margin=POWER_MARGIN_DB,
                    what=f"light {ingress}->{egress} at {instrument}", unit="dB", paired=True, weight=LIGHT_WEIGHT)
     decided = family.decide()
     switching = [decided[k] for k in ("switch per connection", "switch per connection (one-connection commands)",
                                       "switch per connection (multi-connection commands)")]
     switching_differs = any(d.verdict == decisions.Verdict.DIFFERS for d in switching)
     kinds: dict[str, dict] = {}
-    for label, (x, y, paired, unit) in shown.items():
+    for label, (xs, ys, paired, unit) in shown.items():
         decision = decided[label]
         judged = not (switching_differs and label in in_commands_of_several)
         match = {decisions.Verdict.DIFFERS: False, decisions.Verdict.SAME: True}.get(decision.verdict) if judged else None
-        kinds[label] = {"recorded": Distribution.of(x).__dict__, "replayed": Distribution.of(y).__dict__,
+        kinds[label] = {"recorded": Distribution.of(xs).__dict__, "replayed": Distribution.of(ys).__dict__,
                         "paired": paired, "decision": decision.as_dict(), "judged": judged, "match": match}
     powers = _powers(decided, light_samples)
     parameters, unexplained = _parameters(bench, kinds, powers)
@@ -958,8 +961,8 @@ def _shifted(ordered: list[dict], starts: list[int], sent_at: list[int], index: 
     if any(differ(reply, replayed) is None for reply in window):
         return True
     # a reading taken as the light came or went: between what the recording read around it
-    value, around = _number(replayed), [_number(r) for r in window]
-    around = [x for x in around if x is not None]
+    value, numbers = _number(replayed), [_number(r) for r in window]
+    around = [x for x in numbers if x is not None]
     return value is not None and len(around) >= 2 and min(around) <= value <= max(around)
 
 
@@ -1037,10 +1040,11 @@ def _parameters(bench, kinds: dict, powers: dict) -> tuple[list[dict], list[dict
         k = kinds.get(label)
         return k["decision"] if k is not None and k["judged"] else None
 
-    def differs(d: dict | None) -> bool:
+    def differs(d: dict | None) -> TypeGuard[dict]:
         return d is not None and d["verdict"] == decisions.Verdict.DIFFERS.value
 
-    def ms(d: dict) -> str:
+    def ms(d: dict | None) -> str:
+        assert d is not None, "a figure is shown only for a decision that was made"
         return f"{d['effect'] * 1000:+.2f} ms ({d['low'] * 1000:+.2f} .. {d['high'] * 1000:+.2f})"
 
     every = decision("switch per connection")
@@ -1123,8 +1127,8 @@ def _parameters(bench, kinds: dict, powers: dict) -> tuple[list[dict], list[dict
     if lossy:
         shifts = {port: statistics.mean(v) for port, v in lossy.items()}
         ports_lit = {int(path.split("->")[1]) for path in by_path}
-        every = set(shifts) == ports_lit and max(shifts.values()) - min(shifts.values()) <= POWER_MARGIN_DB
-        named.append({"parameter": f"{switch}.{'insertion_loss_db' if every else 'port_loss_db'}",
+        alike = set(shifts) == ports_lit and max(shifts.values()) - min(shifts.values()) <= POWER_MARGIN_DB
+        named.append({"parameter": f"{switch}.{'insertion_loss_db' if alike else 'port_loss_db'}",
                       "because": "light differs at ports " + ", ".join(f"{p} ({m:+.2f} dB)"
                                                                        for p, m in sorted(shifts.items()))})
     return named, unexplained

@@ -17,6 +17,11 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
+from types import FrameType
+from typing import Any, Callable, Optional, Union
+
+# What signal.getsignal returns and signal.signal takes back (typeshed's private signal._HANDLER).
+_Handler = Union[Callable[[int, Optional[FrameType]], Any], int, signal.Handlers, None]
 
 
 class RunInterrupted(BaseException):
@@ -31,7 +36,7 @@ class RunInterrupted(BaseException):
 class Interrupts:
     def __init__(self) -> None:
         self.reset()
-        self._installed: dict[int, object] = {}
+        self._installed: dict[int, _Handler] = {}
 
     def reset(self) -> None:
         """Forget any request (a new run in the same process)."""

@@ -32,6 +32,7 @@ class PhaseRunner:
 
     def left(self, limit_s: float | None = None) -> float:
         """Seconds left of the recovery (at most ``limit_s``); past the deadline, an error."""
+        assert self.give_up is not None, "left() asked before start() set the recovery's deadline"
         left = self.give_up - time.monotonic()
         if left <= 0:
             raise RecoveryError(f"the recovery deadline passed: {self.deadline('recovery_s')}")

@@ -193,7 +193,7 @@ class LabgridPlace:
             holder.pid, holder.host, holder.since = int(m["pid"]), m["host"], m["since"]
         return holder
 
-    def reservation_of(self, name: str):
+    def reservation_of(self, name: str | None):
         """The reservation a place is allocated to (labgrid's Reservation), or None."""
         place = self.place(name)
         if not place.reservation:

@@ -12,6 +12,7 @@ is planning, run by the perf benchmark and tested against cases worked by hand."
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Hashable
 
 from lumion_hil.instruments.collectives import Fabric, Link, collective_cost
 
@@ -121,7 +122,7 @@ class Pod:
 
     def slice_fabric(self, sid: int) -> Fabric:
         spec = self.spec
-        links = {}
+        links: dict[Hashable, Link] = {}
         for a, b in _ring_circuits(self.slices[sid]):
             latency = spec.hop_latency_us if a[0] == b[0] else spec.pod_hop_latency_us
             links[(a, b)] = Link(spec.port_gbps, latency)

@@ -12,9 +12,17 @@ spare, each host's optical ports split between its two ring neighbours, at the N
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Hashable, TypedDict
 
 from lumion_hil.harness.config import Bench
 from lumion_hil.instruments.collectives import Fabric, Link, collective_cost, rack_fabric
+
+
+class _CostOptions(TypedDict):
+    """collective_cost's keyword arguments, the same for either fabric."""
+
+    step_latency_us: float
+    rings: int
 
 
 @dataclass(frozen=True)
@@ -24,21 +32,23 @@ class Prediction:
     ranks: tuple[str, ...]
 
 
-def _spare(bench: Bench) -> str | None:
-    return next((h.name for h in bench.topology.hosts if h.name not in bench.job.ranks
+def _spare(bench: Bench, ranks: list[str]) -> str | None:
+    return next((h.name for h in bench.topology.hosts if h.name not in ranks
                  and any(g.role == "spare" for g in h.gpus)), None)
 
 
 def ranks_after_swap(bench: Bench) -> list[str]:
     """The job's ranks with rank 0 replaced by the first spare (the same for any rank: the ring
     is symmetric), or the job's ranks where the bench has no spare."""
-    ranks, spare = list(bench.job.ranks), _spare(bench)
+    if bench.job is None:
+        raise ValueError(f"bench {bench.name!r} has no job: there are no ranks to swap a spare into")
+    ranks, spare = list(bench.job.ranks), _spare(bench, bench.job.ranks)
     return [spare, *ranks[1:]] if spare else ranks
 
 
 def _optical(bench: Bench, ranks: list[str]) -> Fabric:
     latency = bench.collectives.optical_hop_latency_us.value
-    links = {}
+    links: dict[Hashable, Link] = {}
     for a, b in zip(ranks, ranks[1:] + ranks[:1]):
         for x, y in ((a, b), (b, a)):
             xs, ys = bench.host(x).nics, bench.host(y).nics
@@ -51,11 +61,13 @@ def _optical(bench: Bench, ranks: list[str]) -> Fabric:
 
 def _electrical(bench: Bench, ranks: list[str]) -> Fabric:
     rack = bench.electrical
+    assert rack is not None, "the callers predict nothing for a bench without an electrical rack"
     return rack_fabric(ranks, rack.nic_gbps.value, rack.hop_latency_us.value, rack.oversubscription.value, rack.rack_of)
 
 
 def _why(bench: Bench, ranks: list[str], ratio: float) -> str:
     rack = bench.electrical
+    assert rack is not None, "the callers predict nothing for a bench without an electrical rack"
     racks = sorted({rack.rack_of(h) for h in ranks})
     if len(racks) == 1:
         return (f"every rank after the swap ({', '.join(ranks)}) is in rack {racks[0]}: the electrical ring never "
@@ -73,7 +85,7 @@ def busbw_ratio(bench: Bench, size_bytes: int, rings: int | None = None) -> Pred
     if bench.job is None or bench.electrical is None or len(bench.job.ranks) < 2:
         return None
     ranks = ranks_after_swap(bench)
-    kw = dict(step_latency_us=bench.collectives.step_latency_us.value, rings=rings or bench.collectives.rings)
+    kw = _CostOptions(step_latency_us=bench.collectives.step_latency_us.value, rings=rings or bench.collectives.rings)
     optical = collective_cost("all_reduce", ranks, size_bytes, _optical(bench, ranks), **kw)
     electrical = collective_cost("all_reduce", ranks, size_bytes, _electrical(bench, ranks), **kw)
     ratio = electrical.time_s / optical.time_s
@@ -86,7 +98,7 @@ def throughput_ratio(bench: Bench, rings: int | None = None) -> Prediction | Non
     if bench.job is None or bench.electrical is None or len(bench.job.ranks) < 2:
         return None
     ranks, job = ranks_after_swap(bench), bench.job
-    kw = dict(step_latency_us=bench.collectives.step_latency_us.value, rings=rings or bench.collectives.rings)
+    kw = _CostOptions(step_latency_us=bench.collectives.step_latency_us.value, rings=rings or bench.collectives.rings)
     size = int(job.gradient_bytes)
     optical = job.compute_time_s + collective_cost("all_reduce", ranks, size, _optical(bench, ranks), **kw).time_s
     electrical = job.compute_time_s + collective_cost("all_reduce", ranks, size, _electrical(bench, ranks), **kw).time_s

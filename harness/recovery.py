@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from lumion_hil.harness.recovery_model import PHASES, RecoveryResult
 from lumion_hil.instruments.threads import at_once
@@ -24,7 +24,7 @@ class LightProbe:
         from lumion_hil.harness.binding import open_driver
 
         self.session, self.interval_s = session, interval_s
-        self.drivers: dict[str, object] = {}
+        self.drivers: dict[str, Any] = {}  # switches and meters, as open_driver opens them
         self.skipped: dict[str, str] = {}
         for det in detectors:
             if det.instrument in self.drivers or det.instrument in self.skipped:
@@ -123,8 +123,8 @@ def ground_truth(world, fault_ns: int, result: RecoveryResult, restart: "Restart
         if phase not in result.phases:
             continue
         start, end = result.phases[phase]
-        until = physics_end.get(phase)
-        truth.physical_s[phase] = 0.0 if until is None else max(0.0, min(until, end) - start) / 1e9
+        ended = physics_end.get(phase)
+        truth.physical_s[phase] = 0.0 if ended is None else max(0.0, min(ended, end) - start) / 1e9
     truth.between_phases_s = between_phases_s(result)
     return truth
 
@@ -193,7 +193,7 @@ def rank_map(session, fault_ns: int, world_size: int | None = None) -> tuple[lis
     stale = sorted(h for h, t in started.items() if t is None or t <= fault_ns)
     if stale:
         raise NotRestarted(f"no rank process started after the fault on {stale} (rank map from the agents: {ranks})")
-    return ranks, started
+    return ranks, {h: t for h, t in started.items() if t is not None}  # every one, as stale is empty
 
 
 def _every_rank(session, ranks: list[str], event: str) -> int | None:

@@ -4,10 +4,19 @@ neither is any port that is not the bench's own, whatever the other bench is doi
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Protocol, cast
 
 from lumion_hil.harness.errors import SafetyError
 from lumion_hil.instruments.protocols import OpticalSwitch, Pairs, as_pairs
+
+
+class _PortToggling(Protocol):
+    """A switch that can turn its ports off and on (a Polatis; OpticalSwitch cannot): callers
+    check that the wrapped switch can before they ask (harness/faults.py)."""
+
+    def enable_ports(self, ports: Iterable[int]) -> None: ...
+
+    def disable_ports(self, ports: Iterable[int]) -> None: ...
 
 
 class GuardedSwitch(OpticalSwitch):
@@ -112,12 +121,12 @@ class GuardedSwitch(OpticalSwitch):
     def enable_ports(self, ports: Iterable[int]) -> None:
         ports = list(ports)
         self._refuse_protected(f"enable ports {ports}", ports)
-        self._switch.enable_ports(ports)
+        cast(_PortToggling, self._switch).enable_ports(ports)
 
     def disable_ports(self, ports: Iterable[int]) -> None:
         ports = list(ports)
         self._refuse_protected(f"disable ports {ports}", ports)
-        self._switch.disable_ports(ports)
+        cast(_PortToggling, self._switch).disable_ports(ports)
 
     def close(self) -> None:
         self._switch.close()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from lumion_hil.harness.backends import load_backend
 from lumion_hil.harness.binding import open_driver
@@ -52,6 +52,18 @@ class BenchSession:
         """The emulated physical world (ground truth), or None on a real bench."""
         return self.backend.world if self.backend is not None else None
 
+    def _started_backend(self) -> BenchBackend:
+        """The backend, which :meth:`open` starts before anything asks it."""
+        if self.backend is None:
+            raise HarnessError(f"bench {self.bench.name!r}: its session has no backend (not opened)")
+        return self.backend
+
+    def _opened_switch(self) -> GuardedSwitch:
+        """The bench's switch, which :meth:`open` opens before anything reads it."""
+        if self.switch is None:
+            raise HarnessError(f"bench {self.bench.name!r}: its session has no switch (not opened)")
+        return self.switch
+
     @classmethod
     def open(cls, bench: Bench, *, restore: bool = True) -> "BenchSession":
         session = cls(bench)
@@ -93,7 +105,7 @@ class BenchSession:
             self.restore_baseline()
 
     def _agent_argv(self, host) -> list[str]:
-        argv = self.backend.agent_argv(host)
+        argv = self._started_backend().agent_argv(host)
         if argv is not None:
             return argv
         if host.address == "local":
@@ -108,7 +120,7 @@ class BenchSession:
             raise ValueError(f"bench {self.bench.name!r} has no job section")
         if job.command:
             return list(job.command)
-        argv = self.backend.job_argv(job, ranks)
+        argv = self._started_backend().job_argv(job, ranks)
         if argv is not None:
             return argv
         raise ValueError(f"bench {self.bench.name!r}: job.command is empty and its hosts are not emulated")
@@ -116,7 +128,7 @@ class BenchSession:
     def use_light_job(self, light: bool = True) -> str:
         """Run the backend's light job from here on where it has more than one (the failure
         sequences restart the job hundreds of times); returns :meth:`job_kind`."""
-        self.backend.light_job = light
+        self._started_backend().light_job = light
         return self.job_kind()
 
     def job_kind(self) -> str:
@@ -125,7 +137,7 @@ class BenchSession:
         job = self.bench.job
         if job is not None and job.command:
             return f"the bench's job.command ({' '.join(job.command[:3])} ...)"
-        return self.backend.job_kind(job)
+        return self._started_backend().job_kind(job)
 
     def fabric_env(self, host_name: str, fabric: str = "optical") -> dict[str, str]:
         """How a job or nccl-tests on this host is told which network to use, as NCCL is:
@@ -134,12 +146,12 @@ class BenchSession:
             if self.bench.electrical is None:
                 raise ValueError(f"bench {self.bench.name!r} has no electrical section: no electrical rack to run on")
             return {"NCCL_SOCKET_IFNAME": self.bench.electrical.interface,
-                    **self.backend.fabric_env(self.bench.host(host_name), fabric)}
+                    **self._started_backend().fabric_env(self.bench.host(host_name), fabric)}
         if fabric != "optical":
             raise ValueError(f"unknown fabric {fabric!r}: optical or electrical")
         host = self.bench.host(host_name)
         return {"NCCL_SOCKET_IFNAME": ",".join(n.interface or n.name for n in host.nics),
-                **self.backend.fabric_env(host, fabric)}
+                **self._started_backend().fabric_env(host, fabric)}
 
     def start_job(self, ranks: list[str], fabric: str = "optical", only: list[str] | None = None) -> dict[str, dict]:
         """Start every rank of the job on its host (rank 0 is the master), on the optical
@@ -149,10 +161,11 @@ class BenchSession:
         command = self.job_command(ranks)
         master = self.bench.host(ranks[0])
         started: dict[str, dict] = {}
+        assert job is not None  # job_command raised otherwise
 
         def start(rank: int, host_name: str) -> None:
             fields = {"rank": rank, "world_size": len(ranks), "gpu": 0, "master_port": job.master_port,
-                      "master_addr": self.backend.master_address(master),
+                      "master_addr": self._started_backend().master_address(master),
                       "heartbeat": f"{job.heartbeat_dir}/rank{rank}.jsonl"}
             started[host_name] = self.hosts[host_name].start_job(command, fields, self.fabric_env(host_name, fabric))
 
@@ -174,8 +187,9 @@ class BenchSession:
         settings = self.bench.nccl_tests
         lead = self.bench.host(ranks[0])
         env = self.fabric_env(ranks[0], fabric)
-        library = library or self.backend.collective_libraries()[0]
-        emulated = self.backend.nccl_tests_folder(lead, library)
+        backend = self._started_backend()
+        library = library or backend.collective_libraries()[0]
+        emulated = backend.nccl_tests_folder(lead, library)
         if emulated is not None:
             folder, launcher = emulated, []
             env["LUMION_HIL_RANKS"] = ",".join(ranks)  # what mpirun -H would tell the real programs
@@ -198,7 +212,7 @@ class BenchSession:
         """Optical power at the port a detector watches, corrected for its tap loss."""
         with self.timeline.span("detector.read", detector=detector.name):
             if detector.instrument == self.bench.topology.switch:
-                reading = self.switch.port_power_dbm([detector.port])[detector.port]
+                reading = self._opened_switch().port_power_dbm([detector.port])[detector.port]
             else:
                 reading = self.meters[detector.instrument].read_dbm(detector.channel)
         return reading + detector.tap_loss_db if isinstance(reading, float) else reading
@@ -215,7 +229,7 @@ class BenchSession:
         out: dict[str, float | OutOfRange] = {}
         if monitors:
             with self.timeline.span("detector.read", detector=",".join(d.name for d in monitors)):
-                readings = self.switch.port_power_dbm(sorted({d.port for d in monitors}))
+                readings = self._opened_switch().port_power_dbm(sorted({d.port for d in monitors}))
             for d in monitors:
                 reading = readings[d.port]
                 out[d.name] = self.bench.at_receiver_dbm(
@@ -239,12 +253,16 @@ class BenchSession:
         """Leave the bench safe: baseline restored, drivers closed, emulators stopped, lock freed.
         Every step runs even if an earlier one fails; the first failure is raised at the end."""
         failure: BaseException | None = None
-        steps = [self.stop_job]  # jobs first: nothing drives traffic while rewiring
+        steps: list[Callable[[], object]] = [self.stop_job]  # jobs first: nothing drives traffic while rewiring
         if restore:
             steps.append(lambda: self.restore_baseline(verify=True))
         steps += [d.close for d in self.drivers.values()]
-        # A second Ctrl-C shortens the wait for agents to leave (they are killed instead).
-        steps += [lambda h=h: h.close(timeout_s=INTERRUPTS.wait_s(10.0)) for h in self.hosts.values()]
+
+        def leave(h: AgentClient) -> Callable[[], object]:
+            # A second Ctrl-C shortens the wait for agents to leave (they are killed instead).
+            return lambda: h.close(timeout_s=INTERRUPTS.wait_s(10.0))
+
+        steps += [leave(h) for h in self.hosts.values()]
         if self.backend is not None:
             steps.append(self.backend.stop)
         if self._lock is not None:

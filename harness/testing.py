@@ -251,7 +251,7 @@ class _OtherSpareFirst:
         ports = {p for pair in pairs for p in pair}
         chosen = next((h for h in spares if {p for n in h.nics for p in (n.tx_port, n.rx_port)} & ports), None)
         other = next((h for h in spares if h is not chosen and len(h.nics) == len(chosen.nics)), None) if chosen else None
-        if other is None:
+        if chosen is None or other is None:
             return []
         swap = {}
         for mine, theirs in zip(chosen.nics, other.nics):

@@ -160,12 +160,12 @@ def measure_budget(session, *, readings: int = 5, tolerance_db: float = 1.0,
     return out
 
 
-def _egress_readings(session, egresses: list[int], monitors: bool, tapped: dict) -> dict[int, float | None]:
+def _egress_readings(session, egresses: list[int], monitors: bool, tapped: dict) -> dict[int, float]:
     """The light leaving the switch at each egress port: its monitor, else a meter's tap (plus
     the tap's loss, as the bench file states it). Where both see a port, the meter's reading
     less the monitor's is kept, to judge the tap's stated loss."""
     bench = session.bench
-    at = {}
+    at: dict[int, float] = {}
     if monitors:
         at = {p: dbm_or_dark(v) for p, v in session.switch.port_power_dbm(egresses).items()}
     for egress in egresses:

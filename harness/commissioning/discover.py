@@ -19,7 +19,7 @@ import fnmatch
 import re
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import yaml
 
@@ -129,7 +129,7 @@ def discover_instruments(resources: list[str], *, scan: bool, timeout_s: float =
 
 
 def discover(resources: list[str], hosts: list[str], *, scan: bool = True, python: str = "python3",
-             protected: list[int] = (), interfaces: str = "*", name: str = "drafted-bench", walk: bool = True,
+             protected: Sequence[int] = (), interfaces: str = "*", name: str = "drafted-bench", walk: bool = True,
              timeout_s: float = 2.0, log: Callable[[str], None] = lambda _: None) -> tuple[str, Discovery]:
     """Find what is there and draft its bench file. Returns (the draft's text, what was found)."""
     found = discover_instruments(resources, scan=scan, timeout_s=timeout_s, log=log)
@@ -137,7 +137,7 @@ def discover(resources: list[str], hosts: list[str], *, scan: bool = True, pytho
     switches = [f for f in usable if f.kind == "optical_switch"]
     if len(switches) > 1:
         log(f"more than one switch answered ({', '.join(s.resource for s in switches)}): the first is the bench's")
-    names = {}
+    names: dict[str, str] = {}
     for f in usable:
         base = "ocs" if f.kind == "optical_switch" else "pm"
         count = sum(1 for n in names.values() if n.startswith(base))
@@ -164,7 +164,7 @@ def discover(resources: list[str], hosts: list[str], *, scan: bool = True, pytho
     return render(_structure(disc, protected, name)), disc
 
 
-def _walk(disc: Discovery, protected: list[int], name: str, log) -> None:
+def _walk(disc: Discovery, protected: Sequence[int], name: str, log) -> None:
     from lumion_hil.harness.session import BenchSession
 
     prelim = Bench.model_validate(plain(_structure(disc, protected, name, placeholders=True)))
@@ -174,6 +174,8 @@ def _walk(disc: Discovery, protected: list[int], name: str, log) -> None:
     known = False  # until the switch has been read, closing must not "restore" it to nothing
     try:
         switch = session.switch
+        if switch is None:
+            raise DiscoveryError(f"the drafted bench's switch {prelim.topology.switch!r} did not open")
         # The baseline is the switch as it was found: closing the session puts it back.
         disc.baseline_found = sorted((i, e) for i, e in switch.connections().items()
                                      if switch.may_switch(i) and switch.may_switch(e))
@@ -184,10 +186,12 @@ def _walk(disc: Discovery, protected: list[int], name: str, log) -> None:
         session.close(restore=known)
 
 
-def _structure(disc: Discovery, protected: list[int], name: str, placeholders: bool = False) -> dict:
+def _structure(disc: Discovery, protected: Sequence[int], name: str, placeholders: bool = False) -> dict:
     """The draft as data with Noted values (``placeholders``: every interface given unique ports,
     before the walk, for a bench the walk can be opened on)."""
     sw = disc.switch
+    # discover() refuses a desk without a switch; a usable one's model and size were read
+    assert sw is not None and sw.model is not None and sw.ports is not None
     n_in, n_out = sw.ports
     instruments = {disc.names[sw.resource]: {
         "kind": "optical_switch", "model": Noted(sw.model, f"read: {sw.how['model']}"),
@@ -201,11 +205,12 @@ def _structure(disc: Discovery, protected: list[int], name: str, placeholders: b
             "channels": Noted(meter.channels, f"read: {meter.how['channels']}"),
             "wavelength_nm": Noted(1310, "assumption: 10GBASE-LR light; the wavelength the meters are set to")}
     fibres = disc.fibres
-    hosts, ranks_rates = [], []
+    hosts: list[dict[str, Any]] = []
+    ranks_rates: list[float] = []
     for h in disc.hosts:
         if h.problem:
             continue
-        nics = []
+        nics: list[dict[str, Any] | Noted] = []
         for s in h.interfaces:
             key = f"{h.name}.{s['interface']}"
             found_rx = fibres.receivers.get(key) if fibres else None
@@ -220,10 +225,15 @@ def _structure(disc: Discovery, protected: list[int], name: str, placeholders: b
                 nics.append({"name": s["interface"], "rate_gbps": rate_gbps, "launch_dbm": 0.0,
                              "tx_port": 1 + k, "rx_port": n_in + 1 + k})
                 continue
+            if fibres is None:
+                raise DiscoveryError(f"{key}: the fibre walk was not run, so nothing says where its fibres land")
             tx, rx = fibres.transmitters.get(key), fibres.receivers.get(key)
             if tx is None or rx is None:
                 disc.notes.append(f"{key} left out: " + "; ".join(fibres.not_found.get(key, ["not found"])))
                 continue
+            if tx.input_dbm is None:
+                raise DiscoveryError(f"{key}: its transmitter was found through a meter, and no switch monitor read "
+                                     "its light at the switch input: the draft has no launch_dbm to give it")
             how = (f"measured: transmits into port {tx.port}, receives from port {rx.port} (carrier "
                    f"{rx.carrier_after_s * 1e3:.0f} ms after light), {tx.input_dbm:.2f} dBm at the switch input; "
                    + ("read: rate_gbps (the kernel's link speed, once up); " if rate else "assumption: rate_gbps 10; ")
@@ -285,6 +295,7 @@ def _structure(disc: Discovery, protected: list[int], name: str, placeholders: b
 
 def _detectors(disc: Discovery, hosts: list[dict]) -> list:
     rx_owner = {n.value["rx_port"]: f"{h['name']}-{n.value['name']}" for h in hosts for n in h["nics"]}
+    assert disc.switch is not None and disc.fibres is not None  # _structure's checks, after the walk
     out = []
     if disc.switch.power_monitors:
         for port, owner in sorted(rx_owner.items()):
@@ -307,7 +318,7 @@ def _detectors(disc: Discovery, hosts: list[dict]) -> list:
 def _ring(hosts: list[dict], ranks: list[str]) -> list[tuple[int, int]]:
     """Each rank's first NIC to the next rank's second, both ways (a ring of the job's ranks)."""
     by = {h["name"]: [n.value for n in h["nics"]] for h in hosts}
-    pairs = []
+    pairs: list[tuple[int, int]] = []
     if len(ranks) < 2 or any(len(by[r]) < 2 for r in ranks):
         return pairs
     for k, rank in enumerate(ranks):

@@ -194,6 +194,7 @@ class _Walk:
         file puts there is turned off to see whether it goes out. Ports where it did not are
         tried again at the end with every NIC still to place (few, by then)."""
         det, switch = self.probe, self.switch
+        assert det is not None  # __init__ refuses a switch without monitors and no meter tap
         meter = self.session.meters[det.instrument]
 
         def read() -> float:
@@ -226,6 +227,7 @@ class _Walk:
         """With ``ingress`` connected to the meter's port: None if no light arrives there, else
         whether one of ``candidates`` (turned off one at a time) is the transmitter behind it."""
         det, light_s = self.probe, self.bench.waits.light_s
+        assert det is not None  # only walked by meter, which __init__ made sure has a tap
         self.switch.connect([(ingress, det.port)])
         try:
             lit = read()

@@ -74,6 +74,8 @@ def patched_text(text: str, differences: list[Difference]) -> str:
     for diff in differences:
         if diff.value is None:
             continue
+        if root is None:
+            raise ValueError(f"the bench file is empty: nowhere to write {'.'.join(map(str, diff.path))}")
         node = _node(root, diff.path)
         if isinstance(diff.value, list):  # a flow sequence such as [1, 20]: each item in place
             for item, value in zip(node.value, diff.value):
