@@ -12,7 +12,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 import click
 
@@ -44,9 +46,11 @@ _defect_option = click.option(
 class _Cli(click.Group):
     """Click's usage errors exit 2, which lumion-hil keeps for "interrupted": they exit 4."""
 
-    def main(self, args=None, prog_name=None, **extra):
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> NoReturn:
+        # always standalone: click's errors are handled here, and it exits (standalone_mode is click's signature's)
         try:
-            status = super().main(args, prog_name, standalone_mode=False, **extra)
+            status = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.UsageError as exc:  # typos, missing or refused arguments
             exc.show()
             sys.exit(ExitCode.BENCH_OR_USAGE_ERROR)
@@ -361,6 +365,7 @@ def emulate(bench_path: Path, time_scale: float | None, defects: tuple[str, ...]
     import yaml
 
     from lumion_hil.harness.backends import load_backend
+    from lumion_hil.instruments.emulators.bench import EmulatedBench
 
     bench = _load_or_exit(bench_path, time_scale, defects)
     if not bench.any_emulated:
@@ -372,6 +377,9 @@ def emulate(bench_path: Path, time_scale: float | None, defects: tuple[str, ...]
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     with load_backend(bench) as emulated:
+        if not isinstance(emulated, EmulatedBench):
+            raise click.ClickException(f"bench {bench.name!r}: its backend ({type(emulated).__name__}) serves no "
+                                       "emulated bench")
         for name, fault in instrument_faults:
             emulated.set_fault(name, fault)
             click.echo(f"lumion-hil: {name}: fault {fault}", err=True)
@@ -404,7 +412,8 @@ def _faults(bench, faults: tuple[str, ...]):
     bench with each named host's agent faults added. A wrong name or fault is a usage error."""
     from lumion_hil.instruments.backend import AGENT_FAULTS, INSTRUMENT_FAULTS as FAULTS
 
-    instrument_faults, host_faults = [], {}
+    instrument_faults: list[tuple[str, str]] = []
+    host_faults: dict[str, list[str]] = {}
     for option in faults:
         name, sep, fault = option.partition("=")
         kind, _, value = fault.partition("=")
@@ -431,10 +440,10 @@ def _faults(bench, faults: tuple[str, ...]):
         else:
             host_faults.setdefault(name, []).append(fault)
     if host_faults:
-        hosts = [h.model_copy(update={"emulation": h.emulation.model_copy(
-                     update={"faults": [*h.emulation.faults, *host_faults.get(h.name, [])]})})
-                 for h in bench.topology.hosts]
-        bench = bench.model_copy(update={"topology": bench.topology.model_copy(update={"hosts": hosts})})
+        faulty = [h.model_copy(update={"emulation": h.emulation.model_copy(
+                      update={"faults": [*h.emulation.faults, *host_faults.get(h.name, [])]})})
+                  for h in bench.topology.hosts]
+        bench = bench.model_copy(update={"topology": bench.topology.model_copy(update={"hosts": faulty})})
     return instrument_faults, bench
 
 
@@ -643,6 +652,8 @@ def bench_restore(bench_path: Path) -> None:
                 os.environ.update(place_env)
                 bench = _load_or_exit(bench_path, None)  # with the place's addresses and ports
             with BenchSession.open(bench, restore=False) as session:
+                if session.switch is None:
+                    raise HarnessError(f"bench {bench.name!r} has no optical switch to restore")
                 session.restore_baseline(verify=True)
                 click.echo(f"{session.switch.name}: at its baseline ({len(bench.safety.baseline)} cross-connects)")
     except BenchInUseError as exc:

@@ -17,6 +17,7 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from lumion_hil.harness.exit_codes import MEANING, ExitCode
 from lumion_hil.harness.records import read_record
@@ -58,7 +59,8 @@ def merge_results(inputs: list[Path], out: Path) -> Path:
             raise MergeError(f"{folder}: the merged results need a folder of their own (--results), not one of the "
                              "inputs")
     records = [_newest_record(folder) for folder in inputs]
-    heads, bodies, ends = [], [], []
+    heads: list[dict[str, Any]] = []
+    bodies, ends = [], []
     for folder, record in zip(inputs, records):
         lines = list(read_record(record))
         head = next((line for line in lines if line.get("type") == "run"), {})

@@ -156,6 +156,9 @@ def test_busbw_ratio_optical_over_electrical(story, session, bench_file, measure
         no_model = (f"{made_by}: its algorithm is not a ring the cost model describes" if rings == 0 else
                     session.backend.not_comparable(f"{lib}:model"))
         predicted = predictions.busbw_ratio(bench_file, optical.size_bytes, rings or None)
+        if predicted is None:
+            pytest.fail("no bus bandwidth ratio predicted: the bench file needs a job of two ranks or more and an "
+                        "electrical rack")
         measure(about(f"allreduce_busbw_optical_over_electrical{tag}", "morphlux.allreduce_busbw_ratio",
                       bench_file.published, bench_file.limits.about_tolerance.value,
                       bench_file.limits.marginal_fraction).not_comparable_because(session.backend.not_comparable(lib)),
@@ -171,6 +174,8 @@ def test_busbw_ratio_optical_over_electrical(story, session, bench_file, measure
             oversubscribed = bench_file.model_copy(update={"electrical": rack.model_copy(update={
                 "oversubscription": rack.oversubscription.model_copy(update={"value": 2 * rack.oversubscription.value})})})
             expected = predictions.busbw_ratio(oversubscribed, optical.size_bytes, rings or None)
+            if expected is None:
+                pytest.fail("no bus bandwidth ratio predicted with the uplinks halved")
             move = expected.value / predicted.value
             # Recorded beside its prediction; judged: that it moves the way the shaping says, by at
             # least half as much (TCP fills a slower shared uplink less well: gloo's electrical

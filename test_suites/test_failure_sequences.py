@@ -111,8 +111,8 @@ def _judge_paths(request, measure, record_path, bench_file, shard: int, reached:
         if sorted(shards) != mine:
             return  # another shard of this run has not ended yet: it judges
     total: dict[str, int] = {}
-    for paths in shards.values():
-        for path, count in paths.items():
+    for shard_paths in shards.values():
+        for path, count in shard_paths.items():
             total[path] = total.get(path, 0) + count
     missed = paths_missed(total, bench_file)
     paths = Spec("paths_not_reached", "paths", description="paths of the reference controller no story took, "

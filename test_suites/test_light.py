@@ -23,6 +23,8 @@ def test_light_arrival_time(session, bench_file, optical_switch, baseline_circui
         pytest.skip(f"no power meter watches egress port {egress}")
     meter = session.meters[det.instrument]
     budget = limits.switch_completion(bench_file, 1)
+    if budget.high is None:
+        pytest.fail("the switch completion limit has no upper bound (limits.switch_completion)")
     optical_switch.disconnect([baseline_circuit])
     interval_s = trace_interval_s(budget.high)
     trace_handle = meter.start_trace(det.channel, duration_s=3 * budget.high, interval_s=interval_s)

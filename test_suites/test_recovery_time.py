@@ -249,8 +249,12 @@ def test_degraded_when_no_spare_is_left(session, bench_file, running_job, measur
         injector.inject(fault)
     controller = load_controller(session, running_job)
     fault = injector.choose("gpu_failure", running_job)
-    _, result = recover_from(controller, lambda: injector.inject(fault),
-                             lambda: [injector.repair(f) for f in used_up + [fault]])
+
+    def repair_all() -> None:
+        for f in used_up + [fault]:
+            injector.repair(f)
+
+    _, result = recover_from(controller, lambda: injector.inject(fault), repair_all)
     allure.dynamic.description(f"{fault.describe()} with spares {spares} failed: {result.status}. {result.reason}")
     measure(Spec("degraded_reported_without_spare", "ok", category="controller error", description="1: the controller says degraded").at_least(
         1, "the controller's promise: with no spare left it reports degraded and why").with_marginal(0.0),
@@ -272,6 +276,9 @@ def test_migration_baseline_against_optical_recovery(session, bench_file, runnin
     assert gpu_hosts[running_job[0]].wait_step(1, bench_file.waits.recovery_s)["reached"]
     injector = Injector(session, seed=bench_file.recovery.fault_seed)
     controller = load_controller(session, running_job)
+    if not hasattr(controller, "wait_detection"):  # the reference controller's; RecoveryController has none
+        pytest.fail(f"the migration baseline waits for the controller's detection: {type(controller).__name__} "
+                    "has no wait_detection")
     controller.arm()
     fault = injector.choose("gpu_failure", running_job)
     try:

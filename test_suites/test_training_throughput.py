@@ -76,6 +76,9 @@ def test_throughput_ratio_optical_over_electrical(rates, session, bench_file, me
     ratio = rates["after"].samples_per_s / rates["electrical"].samples_per_s
     rings = session.backend.collective_rings()  # the job's library's (None: NCCL's, the bench file's)
     predicted = predictions.throughput_ratio(bench_file, rings or None)
+    if predicted is None:
+        pytest.fail("no throughput ratio predicted: the bench file needs a job of two ranks or more and an "
+                    "electrical rack")
     tolerance, fraction = bench_file.limits.about_tolerance.value, bench_file.limits.marginal_fraction
     job = session.job_kind()
     for name, key in (("throughput_optical_over_electrical", "morphlux.epoch_speedup"),
