@@ -209,7 +209,13 @@ class RestartFirstController(ReferenceController):
 
     def _restart_then_dawdle(self, phase: str, plan) -> None:
         if phase == "switch" and plan is not None and plan.ranks_after and self.started_for is None:
-            self.session.stop_job()  # (the reference's own stop may still be under way: stopping is idempotent)
+            # The reference's own stop of the broken job (off the critical path) must be over
+            # before the new job starts, or it stops some of the new ranks too (a loaded machine
+            # made it late: the spare's rank killed, the others timed out waiting for it). It is
+            # left pending: the reference's restart finds it done and starts nothing.
+            if self._stopping is not None:
+                self._stopping[0].result()
+            self.session.stop_job()
             self.session.start_job(plan.ranks_after)
             self.started_for = list(plan.ranks_after)
             self.session.hosts[plan.ranks_after[0]].wait_job_event("nccl_init", self.phases.left())
