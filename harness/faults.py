@@ -59,7 +59,7 @@ class ByHand:
         spec = CATALOGUE[kind]
         if spec.on_bench is None:
             return False, spec.why_not
-        if kind == FaultKind.SWITCH_PORT_FAILURE and not hasattr(self.session.switch._switch, "disable_ports"):
+        if kind == FaultKind.SWITCH_PORT_FAILURE and not self.session.switch.has_port_shutters:
             return False, f"switch {self.session.switch.name} has no port shutters"
         return True, spec.on_bench
 

@@ -4,19 +4,11 @@ neither is any port that is not the bench's own, whatever the other bench is doi
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol, cast
+from typing import Iterable, cast
 
 from lumion_hil.harness.errors import SafetyError
-from lumion_hil.instruments.protocols import OpticalSwitch, Pairs, as_pairs
-
-
-class _PortToggling(Protocol):
-    """A switch that can turn its ports off and on (a Polatis; OpticalSwitch cannot): callers
-    check that the wrapped switch can before they ask (harness/faults.py)."""
-
-    def enable_ports(self, ports: Iterable[int]) -> None: ...
-
-    def disable_ports(self, ports: Iterable[int]) -> None: ...
+from lumion_hil.harness.timeline import unrecorded
+from lumion_hil.instruments.protocols import NotSupported, OpticalSwitch, Pairs, PortShutters, as_pairs
 
 
 class GuardedSwitch(OpticalSwitch):
@@ -118,15 +110,26 @@ class GuardedSwitch(OpticalSwitch):
     def port_power_dbm(self, ports):
         return self._switch.port_power_dbm(ports)
 
+    @property
+    def has_port_shutters(self) -> bool:
+        """The wrapped switch can turn a port's light off and on (PortShutters)."""
+        inner = unrecorded(self._switch)
+        return inner.has_port_shutters if isinstance(inner, GuardedSwitch) else isinstance(inner, PortShutters)
+
+    def _shutters(self, what: str) -> PortShutters:
+        if not self.has_port_shutters:
+            raise NotSupported(self.name, what, "this switch cannot turn a port's light off and on")
+        return cast(PortShutters, self._switch)  # the recorded view of one
+
     def enable_ports(self, ports: Iterable[int]) -> None:
         ports = list(ports)
         self._refuse_protected(f"enable ports {ports}", ports)
-        cast(_PortToggling, self._switch).enable_ports(ports)
+        self._shutters("enable ports").enable_ports(ports)
 
     def disable_ports(self, ports: Iterable[int]) -> None:
         ports = list(ports)
         self._refuse_protected(f"disable ports {ports}", ports)
-        cast(_PortToggling, self._switch).disable_ports(ports)
+        self._shutters("disable ports").disable_ports(ports)
 
     def close(self) -> None:
         self._switch.close()

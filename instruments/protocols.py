@@ -8,7 +8,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Protocol, runtime_checkable
 
 
 class InstrumentError(Exception):
@@ -110,6 +110,17 @@ class OpticalSwitch(abc.ABC):
 
     def close(self) -> None:
         """Release the connection to the instrument."""
+
+
+@runtime_checkable
+class PortShutters(Protocol):
+    """A capability a switch has or not: it can turn a port's light off and on again without
+    touching its cross-connects (a Polatis's port enable/disable). Checked with ``isinstance``;
+    a fault that needs it (a switch port failure) is refused with the reason where it is missing."""
+
+    def enable_ports(self, ports: Iterable[int]) -> None: ...
+
+    def disable_ports(self, ports: Iterable[int]) -> None: ...
 
 
 # --- power meters -----------------------------------------------------------------------------

@@ -139,6 +139,7 @@ def test_faults_a_real_bench_cannot_make_say_why(tmp_path, monkeypatch):
         with pytest.raises(FaultNotPossible, match="transceiver_degradation at host0.p0 .* variable optical attenuator"):
             injector.inject(Fault("transceiver_degradation", "host0", "p0"))
         assert injector.supported("fibre_cut")[0] and injector.supported("process_kill")[0]
+        assert injector.supported("switch_port_failure")[0]  # a Polatis has port shutters (PortShutters)
         session.backend.world = world
     assert set(CATALOGUE) == {"gpu_failure", "process_kill", "fibre_cut", "transceiver_degradation",
                               "switch_port_failure"}

@@ -90,3 +90,31 @@ def test_a_bench_whose_ports_are_not_its_own_is_refused(tmp_path):
     bench.write_text(text)
     with pytest.raises(BenchFileError, match=r"port 5 \(host2.p0\) is not one of the bench's own ports 1-4,17-20"):
         load_bench(bench)
+
+
+class _NoShutters:
+    """A switch driver with no port shutters (a DiCon matrix, a mesh): the OpticalSwitch calls only."""
+
+    name = "plain"
+
+    def connections(self):
+        return {}
+
+
+def test_port_shutters_are_a_capability_checked_through_the_recorded_view_and_the_guard():
+    from lumion_hil.harness.safety import GuardedSwitch
+    from lumion_hil.harness.timeline import Timeline
+    from lumion_hil.instruments.polatis import PolatisSwitch
+    from lumion_hil.instruments.protocols import NotSupported
+
+    timeline = Timeline()
+    plain = GuardedSwitch(timeline.recorded(_NoShutters(), "plain"), protected_ports=[16])
+    assert not plain.has_port_shutters and not GuardedSwitch(plain, [16]).has_port_shutters
+    with pytest.raises(NotSupported, match="cannot turn a port's light off and on"):
+        plain.disable_ports([5])
+    with pytest.raises(SafetyError, match="protected"):  # the guard refuses before asking the switch
+        plain.disable_ports([16])
+    polatis = PolatisSwitch.__new__(PolatisSwitch)  # never opened: only what it is, not what it says
+    polatis.name = "ocs"
+    shuttered = GuardedSwitch(timeline.recorded(polatis, "ocs"), protected_ports=[16])
+    assert shuttered.has_port_shutters and GuardedSwitch(shuttered, [16]).has_port_shutters
