@@ -82,12 +82,6 @@ class Timeline:
         each call also runs inside ``guard()`` when one is given (an interrupt shield, say)."""
         return _Recorded(target, prefix, self, guard or nullcontext)
 
-
-def unrecorded(view: Any) -> Any:
-    """What a recorded view (:meth:`Timeline.recorded`) stands for; anything else as it is: for
-    asking what a driver is (its capabilities), never for calling it unrecorded."""
-    return view._target if isinstance(view, _Recorded) else view
-
     def spans_named(self, name: str) -> list[Span]:
         return [s for s in self.spans if s.name == name]
 
@@ -102,6 +96,12 @@ def unrecorded(view: Any) -> Any:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1, default=str)
+
+
+def unrecorded(view: Any) -> Any:
+    """What a recorded view (:meth:`Timeline.recorded`) stands for; anything else as it is: for
+    asking what a driver is (its capabilities), never for calling it unrecorded."""
+    return view._target if isinstance(view, _Recorded) else view
 
 
 _PLAIN = (list, tuple, dict, str, int, float, bool)  # arguments kept as they are (never a one-shot iterator)
