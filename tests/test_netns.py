@@ -152,10 +152,14 @@ def test_a_follower_killed_after_the_restart_fails_the_others_through_the_framew
     assert result.status == "failed" and "before its first step" in result.reason, result
     lead, killed = result.plan.ranks_after[0], result.plan.ranks_after[-1]
     others = [h for h in result.plan.ranks_after if h != killed]
+    # The framework's words for a peer gone: torchrun's rendezvous timeout, or gloo's (which says
+    # "Connection closed", "Connection reset", or "Failed to recv, got 0 bytes. Connection was
+    # likely closed"). A rank that has said them may still be in torchrun's own teardown when the
+    # words are read (a clean-clone CI run saw one 30 s after): what is judged is that it gave up.
     for host in others:
         said = " ".join(words[host])
-        assert "(still running)" not in said and any(w in said for w in ("DistStoreError", "Connection closed",
-                                                                            "Connection reset", "Timed out")), words
+        assert any(w in said for w in ("DistStoreError", "Connection closed", "Connection reset", "Failed to recv",
+                                       "Timed out")), words
     assert lead in others
 
 
