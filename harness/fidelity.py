@@ -300,8 +300,7 @@ def analyse(bench, entries: list[dict]) -> Analysis:
             elif method == "wait_link" and isinstance(result, dict) and (e.get("params") or {}).get("up") \
                     and result.get("carrier") == 1 and not result.get("timed_out") and e.get("remote_ns") \
                     and not result.get("already"):  # up before the wait began: stamped when asked, not when it came
-                offset = offsets.get(host, (0, e["remote_ns"] - done))[1]
-                event = result.get("t_ns", 0) - offset
+                event = _on_harness_clock(offsets, host, result.get("t_ns", 0), e)
                 nic = nic_of.get((host, result.get("interface")))
                 lit = lit_at.get(nic.rx_port) if nic is not None else None
                 if nic is not None and lit is not None and 0 < event - lit < 30e9:
