@@ -28,7 +28,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, TypeGuard, cast
+from typing import Any, Callable, Iterable, TypeGuard, cast
 
 from lumion_hil.harness import decisions
 from lumion_hil.instruments import transcript
@@ -498,6 +498,39 @@ def _mapped(value: Any, mapping: list[tuple[str, str]]) -> Any:
 
 
 REPLAY_TIMEOUT_S = 30.0  # the longest a replayed exchange waits for its reply
+# How long the replay goes on polling, where a recorded poll loop ended and the replayed bench
+# has not yet given the reply that ended it (a logging function not yet complete)
+POLL_EXIT_WITHIN_S = 5.0
+
+
+def poll_exits(entries: list[dict]) -> dict[int, Any]:
+    """The exchanges that ended a poll loop in the recording: a query its thread asked again and
+    again on one instrument, until a reply naming a state (not a reading: a loop that watches
+    light is timed, not repeated), the last of the run and not the one before, let the thread go
+    on to something else. Index -> that reply.
+
+    A driver polls until the instrument says what it waits for (a logging function's COMPLETE,
+    an operation's end), and then acts on it (reads the result). A replay that sent the last
+    poll once and went on would act too early where the replayed bench is a little slower: the
+    result query then answers with an error and no reply, and the replay waits out its timeout.
+    The replay polls such an exchange again as the driver would, until its reply is the
+    recorded one."""
+    out: dict[int, Any] = {}
+    by_thread: dict[Any, list[tuple[int, dict]]] = {}
+    for i, e in enumerate(entries):
+        if e.get("type") in ("scpi", "serial"):
+            by_thread.setdefault((e.get("thread"), e.get("name")), []).append((i, e))
+    for exchanges in by_thread.values():
+        for k in range(1, len(exchanges)):
+            (_, before), (i, e) = exchanges[k - 1], exchanges[k]
+            after = exchanges[k + 1][1] if k + 1 < len(exchanges) else None
+            command = e.get("command") or ""
+            if ("?" in command and before.get("command") == command and "error" not in e
+                    and isinstance(e.get("reply"), str) and _number(e["reply"]) is None  # a state, not a reading
+                    and e.get("reply") != before.get("reply")
+                    and (after is None or after.get("command") != command)):
+                out[i] = e.get("reply")
+    return out
 
 
 class Replayer:
@@ -510,6 +543,7 @@ class Replayer:
         self.entries = sorted(entries, key=lambda x: x["t_ns"])
         self.speed = speed
         self.results: list[dict | None] = [None] * len(self.entries)
+        self.poll_exits = poll_exits(self.entries)
         self._channels: dict[str, Any] = {}
         self._lock = threading.Lock()
 
@@ -647,6 +681,21 @@ class Replayer:
             ended_ns[index] = time.perf_counter_ns()
             finished.set()
 
+    def _poll_until(self, ask: Callable[[], Any], index: int, reply: Any) -> Any:
+        """The last poll of a recorded loop, asked again (at the loop's own pace) until the
+        replayed bench gives the reply that ended the loop there, or POLL_EXIT_WITHIN_S passes
+        (then the reply that differs is compared as it is)."""
+        wanted = self.poll_exits[index]
+        polls = [e["t_ns"] for e in self.entries[max(0, index - 50):index + 1]
+                 if e.get("thread") == self.entries[index].get("thread")
+                 and e.get("command") == self.entries[index].get("command")]
+        pace_s = min(0.1, (polls[-1] - polls[-2]) / 1e9 / self.speed) if len(polls) > 1 else 0.01
+        deadline = time.monotonic() + POLL_EXIT_WITHIN_S
+        while differ(wanted, reply) is not None and time.monotonic() < deadline:
+            time.sleep(max(0.0, pace_s))  # the driver's own pace between two polls
+            reply = ask()
+        return reply
+
     def _exchange(self, index: int, entry: dict, t0: int, t0_rec: int) -> dict:
         from lumion_hil.instruments.backend import Fault
         from lumion_hil.instruments.protocols import InstrumentError
@@ -670,6 +719,8 @@ class Replayer:
                     out["reply"] = session.query_binary_floats(command)
                 elif "?" in command:
                     out["reply"] = session.query(command)
+                    if index in self.poll_exits:
+                        out["reply"] = self._poll_until(lambda: session.query(command), index, out["reply"])
                 else:
                     session.write(command)
                     out["reply"] = None
@@ -679,6 +730,8 @@ class Replayer:
                 out["command"] = command
                 if "?" in command:
                     out["reply"] = switch._query(command)
+                    if index in self.poll_exits:
+                        out["reply"] = self._poll_until(lambda: switch._query(command), index, out["reply"])
                 else:
                     switch._write(command)
                     out["reply"] = None

@@ -188,3 +188,24 @@ def test_the_open_worlds_knobs_act_as_their_names_say(bench_cfg):
     network.write(b'{"id": 1, "ok": true}\n')
     network.close()  # delivers what is under way: half the round trip out
     assert answers.getvalue() == b'{"id": 1, "ok": true}\n' and time.monotonic() - sent >= 0.02
+
+
+def test_the_poll_that_ended_a_drivers_loop_is_found_and_a_reading_loop_is_not():
+    """A driver polled a logging function until COMPLETE, then read the result: the replay asks
+    that last poll again until its bench says COMPLETE too (else the result query, asked too
+    early, answers with an error and no reply). A loop watching light is timed, not repeated."""
+    from lumion_hil.harness.fidelity import poll_exits
+
+    def scpi(t, name, command, reply):
+        return {"type": "scpi", "name": name, "thread": 1, "t_ns": t, "done_ns": t + 1, "command": command,
+                "reply": reply}
+
+    entries = [scpi(0, "pm", ":SENS1:FUNC:STAT LOGG,STAR;*OPC?", "1"),
+               scpi(10, "pm", ":SENS1:FUNC:STAT?", "LOGGING_STABILITY,PROGRESS"),
+               scpi(20, "pm", ":SENS1:FUNC:STAT?", "LOGGING_STABILITY,PROGRESS"),
+               scpi(30, "pm", ":SENS1:FUNC:STAT?", "LOGGING_STABILITY,COMPLETE"),
+               scpi(40, "pm", ":SENS1:FUNC:RES?", [-3.0]),
+               scpi(50, "usb", "MEAS:POW?", "1.0E-9"),
+               scpi(60, "usb", "MEAS:POW?", "1.2E-3"),
+               scpi(70, "usb", "*OPC?", "1")]
+    assert poll_exits(entries) == {3: "LOGGING_STABILITY,COMPLETE"}
