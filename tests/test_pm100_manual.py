@@ -13,12 +13,8 @@ import pytest
 
 from conftest import BENCHES
 from lumion_hil.harness.config import load_bench
-from lumion_hil.instruments.emulators.thorlabs_pm100 import (
-    CURRENT_RANGES_A,
-    OVER_RANGE,
-    POWER_RANGES_W,
-    ThorlabsPM100Emulator,
-)
+from lumion_hil.instruments.emulators.thorlabs_pm100 import ThorlabsPM100Emulator
+from lumion_hil.instruments.emulators.thorlabs_pm100_tables import CURRENT_RANGES_A, OVER_RANGE, POWER_RANGES_W
 from lumion_hil.instruments.emulators.world import World
 
 NO_ERROR = '0,"No error"'
