@@ -32,12 +32,10 @@ from pydantic_core import ErrorDetails
 from lumion_hil.harness import timescale
 from lumion_hil.harness.errors import BenchFileError, BenchProblem
 from lumion_hil.harness.plugins import BACKENDS, CONTROLLERS, plugin_names
+from lumion_hil.instruments import registry
 from lumion_hil.instruments.backend import AGENT_FAULTS, INSTRUMENT_FAULTS
 
 EMULATED = "emulated"
-
-SWITCH_MODELS = ("polatis", "dicon-matrix")
-METER_MODELS = ("thorlabs-pm100", "keysight-n77xx")
 
 
 class _Model(BaseModel):
@@ -158,7 +156,8 @@ class MeterEmulation(_Model):
 
 
 class _InstrumentBase(_Model):
-    _models: ClassVar[tuple[str, ...]] = ()
+    #: which registered models (instruments/registry.py) an entry of this kind may name
+    _kind: ClassVar[registry.Kind | None] = None
     _kind_words: ClassVar[str] = "instrument"
 
     model: str
@@ -176,8 +175,9 @@ class _InstrumentBase(_Model):
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        if value not in cls._models:
-            raise ValueError(f"unknown {cls._kind_words} model {value!r}; known: {', '.join(cls._models)}")
+        known = registry.names(cls._kind)
+        if value not in known:
+            raise ValueError(f"unknown {cls._kind_words} model {value!r}; known: {', '.join(known)}")
         return value
 
     @field_validator("resource")
@@ -194,7 +194,7 @@ class SwitchInstrument(_InstrumentBase):
     power_monitors: bool = False
     emulation: SwitchEmulation = SwitchEmulation()
 
-    _models: ClassVar[tuple[str, ...]] = SWITCH_MODELS
+    _kind: ClassVar[registry.Kind | None] = registry.Kind.OPTICAL_SWITCH
     _kind_words: ClassVar[str] = "optical switch"
 
     @property
@@ -212,7 +212,7 @@ class MeterInstrument(_InstrumentBase):
     wavelength_nm: PositiveFloat = 1550.0
     emulation: MeterEmulation = MeterEmulation()
 
-    _models: ClassVar[tuple[str, ...]] = METER_MODELS
+    _kind: ClassVar[registry.Kind | None] = registry.Kind.POWER_METER
     _kind_words: ClassVar[str] = "power meter"
 
 

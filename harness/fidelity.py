@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, TypeGuard, cast
 
 from lumion_hil.harness import decisions
-from lumion_hil.instruments import transcript
+from lumion_hil.instruments import registry, transcript
 
 DARK_DBM = -40.0  # below this a detector sees no light (every emulated floor is under -50 dBm)
 
@@ -67,13 +67,15 @@ _PAIRS = re.compile(r"\(@([\d,\s:]*)\)\s*,\s*\(@([\d,\s:]*)\)")
 _CONNECT = re.compile(r":?OXC:SWIT(CH)?:CONN(ECT)?:(ADD|ONLY)\b", re.IGNORECASE)
 _SUB = re.compile(r":?OXC:SWIT(CH)?:CONN(ECT)?:SUB\b", re.IGNORECASE)
 _DISC_ALL = re.compile(r":?OXC:SWIT(CH)?:DISC(ONNECT)?:ALL\b", re.IGNORECASE)
-_DICON_MOVE = re.compile(r"^X\d+\s+CH\s+(\d+)\s+(\d+)\s*$", re.IGNORECASE)
-_DICON_PARK_ALL = re.compile(r"^X\d+\s+CH\s+\*\s+0\s*$", re.IGNORECASE)
 _PMON = re.compile(r":?PMON(ITOR)?:POW(ER)?\?\s*\(@([\d,\s]+)\)", re.IGNORECASE)
-_KS_READ = re.compile(r"^:?(READ|FETC(H)?)(\d*)(:CHAN(NEL)?(\d+))?(:SCAL(AR)?)?:POW(ER)?(:DC)?\?", re.IGNORECASE)
-_KS_UNIT = re.compile(r"^:?SENS(E)?(\d*)(:CHAN(NEL)?(\d+))?:POW(ER)?:UNIT\s+(\S+)", re.IGNORECASE)
-_PM_READ = re.compile(r"^:?(MEAS(URE)?(:SCAL(AR)?)?(:POW(ER)?)?\?|READ\?|FETC(H)?\?)$", re.IGNORECASE)
-_PM_UNIT = re.compile(r"^:?(SENS(E)?:)?POW(ER)?(:DC)?:UNIT\s+(\S+)", re.IGNORECASE)
+
+
+def _entry(model: str | None) -> registry.InstrumentModel | None:
+    """A model's registry entry: how its transcript reads (None for one not registered here)."""
+    try:
+        return registry.model(model) if model else None
+    except registry.UnknownModel:
+        return None
 
 
 def _ports(text: str) -> list[int]:
@@ -155,14 +157,16 @@ def analyse(bench, entries: list[dict]) -> Analysis:
     lit_at: dict[int, int] = {}  # egress -> estimated instant its circuit was lit
     command_at: dict[int, int] = {}  # egress -> start of the command that made its circuit
     alone: dict[int, bool] = {}  # egress -> its circuit was the one connection its command made
-    dicon_pending: list[tuple[int, int]] = []
-    dicon_started = 0
+    moves_pending: list[tuple[int, int]] = []  # a switch with its own move commands: moved, not yet settled
+    moves_started = 0
     last_reading: dict[int, Reading] = {}
     units: dict[tuple[str, int], str] = {}
     jobs: list[_JobStart] = []  # every job start, its ranks' process starts on the harness's clock
     last_step: dict[str, tuple] = {}  # host -> (step waited for, when it came)
     nic_of = {(h.name, (n.interface or n.name)): n for h in bench.topology.hosts for n in h.nics}
-    models = {name: spec.model for name, spec in bench.instruments.items()}
+    registered = {name: _entry(spec.model) for name, spec in bench.instruments.items()}
+    switch_entry = registered.get(switch_name)
+    switch_moves = switch_entry.switch_moves if switch_entry else None
 
     def made(t_ns: int, done_ns: int, new: list[tuple[int, int]]) -> None:
         n = len(new)
@@ -187,25 +191,25 @@ def analyse(bench, entries: list[dict]) -> Analysis:
         command = str(e.get("command") or "")
         t, done = e.get("t_ns", 0), e.get("done_ns", e.get("t_ns", 0))
         if kind in ("scpi", "serial") and name == switch_name and not e.get("error"):
-            if models.get(name) == "dicon-matrix":
-                m = _DICON_MOVE.match(command)
-                if m:
-                    if not dicon_pending:
-                        dicon_started = t
-                    i, o = int(m.group(1)), int(m.group(2))
+            if switch_moves is not None:
+                move = switch_moves.match_move(command)
+                if move:
+                    if not moves_pending:
+                        moves_started = t
+                    i, o = move
                     old = state.pop(i, None)
                     if old:
                         lit_at.pop(old, None)
                     if o:
                         state[i] = o + ingress_count
-                        dicon_pending.append((i, o + ingress_count))
-                elif _DICON_PARK_ALL.match(command):
+                        moves_pending.append((i, o + ingress_count))
+                elif switch_moves.parks_all(command):
                     state.clear()
-                elif command.upper().startswith("SYST:ERR?") and dicon_pending:
-                    out.switch.append(((done - dicon_started) / 1e9, len(dicon_pending)))
+                elif switch_moves.settles(command) and moves_pending:
+                    out.switch.append(((done - moves_started) / 1e9, len(moves_pending)))
                     out.switch_at.append(index)
-                    made(dicon_started, done, dicon_pending)
-                    dicon_pending = []
+                    made(moves_started, done, moves_pending)
+                    moves_pending = []
                 continue
             for part in command.split(";"):
                 part = part.strip()
@@ -237,7 +241,8 @@ def analyse(bench, entries: list[dict]) -> Analysis:
                     state.clear()
                     lit_at.clear()
         if kind in ("scpi", "serial") and not e.get("error"):
-            for port, dbm in _power_readings(e, models.get(name, ""), name, units, bench):
+            meter = registered.get(name)
+            for port, dbm in _power_readings(e, meter.power_replies if meter else None, name, units, bench):
                 reading = Reading(done, port, dbm, index, name)
                 prev = last_reading.get(port)
                 ingress = next((i for i, o in state.items() if o == port), None)
@@ -362,25 +367,21 @@ def _on_harness_clock(offsets: dict[str, tuple[int, int]], host: str, stamp: int
     return stamp - offset
 
 
-def _power_readings(e: dict, model: str, name: str, units: dict, bench) -> list[tuple[int, float]]:
-    """(detector port, dBm) of each power reading in one exchange; unit settings are tracked."""
+def _power_readings(e: dict, replies: registry.PowerReplies | None, name: str, units: dict,
+                    bench) -> list[tuple[int, float]]:
+    """(detector port, dBm) of each power reading in one exchange, read as the meter's model's
+    registry entry says its replies read (``replies``); unit settings are tracked."""
     command = str(e.get("command") or "")
     reply = e.get("reply")
     found: list[tuple[int, float]] = []
-    replies = str(reply).split(";") if isinstance(reply, str) else []
+    answers = str(reply).split(";") if isinstance(reply, str) else []
     parts = [p.strip() for p in command.split(";") if p.strip()]
     queries = [p for p in parts if p.split(None, 1)[0].endswith("?")]
     for part in parts:
-        if model == "keysight-n77xx":
-            m = _KS_UNIT.match(part)
-            if m:
-                slot = int(m.group(2) or 1)
-                units[(name, slot)] = "W" if m.group(7).upper() in ("1", "W", "WATT") else "DBM"
-        elif model == "thorlabs-pm100":
-            m = _PM_UNIT.match(part)
-            if m:
-                units[(name, 1)] = "W" if m.group(5).upper().startswith("W") else "DBM"
-    for part, answer in zip(queries, replies):
+        unit_set = replies.unit_set(part) if replies is not None else None
+        if unit_set:
+            units[(name, unit_set[0])] = unit_set[1]
+    for part, answer in zip(queries, answers):
         pm = _PMON.match(part)
         if pm:
             values = [_number(v) for v in answer.strip().strip("()").split(",")]
@@ -388,16 +389,10 @@ def _power_readings(e: dict, model: str, name: str, units: dict, bench) -> list[
                 if value is not None:
                     found.append((port, value))
             continue
-        channel = None
-        if model == "keysight-n77xx":
-            m = _KS_READ.match(part)
-            if m:
-                channel = int(m.group(3) or 1)
-                unit = units.get((name, channel), "DBM")
-        elif model == "thorlabs-pm100" and _PM_READ.match(part):
-            channel, unit = 1, units.get((name, 1), "W")
-        if channel is None:
+        channel = replies.reads(part) if replies is not None else None
+        if replies is None or channel is None:
             continue
+        unit = units.get((name, channel), replies.default_unit)
         value = _number(answer)
         det = next((d for d in bench.detectors if d.instrument == name and (d.channel or 1) == channel), None)
         if value is None or det is None or value > 1e20:
@@ -550,7 +545,6 @@ class Replayer:
     def run(self) -> list[dict]:
         from lumion_hil.harness.backends import load_backend
         from lumion_hil.harness.binding import _visa
-        from lumion_hil.instruments.dicon import DiconMatrix
         from lumion_hil.instruments.gpu_host.client import AgentClient
 
         if not self.bench.all_emulated:
@@ -570,10 +564,11 @@ class Replayer:
                 # The replay compares replies, and their timing as timing: an emulator slowed by a
                 # loaded machine past the instrument's own timeout still gives its reply here.
                 spec = spec.model_copy(update={"timeout_s": max(spec.timeout_s, REPLAY_TIMEOUT_S)})
-                if spec.model == "dicon-matrix":
-                    self._channels[channel] = DiconMatrix(channel, resource, ingress=spec.ports[0],
-                                                          egress=spec.ports[1], baud_rate=spec.baud_rate,
-                                                          timeout_s=max(spec.timeout_s, 10))
+                entry = registry.model(spec.model)
+                if entry.transport is registry.Transport.SERIAL:  # its own driver on its line
+                    self._channels[channel] = entry.driver_class()(channel, resource, ingress=spec.ports[0],
+                                                                   egress=spec.ports[1], baud_rate=spec.baud_rate,
+                                                                   timeout_s=max(spec.timeout_s, 10))
                 else:
                     self._channels[channel] = _visa(channel, spec, resource)
             argv: dict[str, list[str]] = {}

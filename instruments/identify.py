@@ -1,6 +1,7 @@
 """Which instrument answers at an address, told by the instrument itself: its identity query
-(``*IDN?``, which the DiCon matrix answers too, on its serial line), then what its model says of
-itself (a switch's size, whether it has power monitors, a meter's channels). What
+(``*IDN?``, which a serial switch answers too, on its line), then what its model says of itself
+(a switch's size, whether it has power monitors, a meter's channels), as its registry entry
+(instruments/registry.py) reads it. What
 ``lumion-hil bench discover`` drafts a bench file from.
 
 Each reading keeps the query it came from, so a draft can say how every value was obtained.
@@ -8,22 +9,12 @@ Each reading keeps the query it came from, so a draft can say how every value wa
 
 from __future__ import annotations
 
-import re
 import warnings
 from dataclasses import dataclass, field
 
+from lumion_hil.instruments import registry
 from lumion_hil.instruments.protocols import Identity, InstrumentError
 from lumion_hil.instruments.visa import VisaSession, resource_manager
-
-# identity -> the model name a bench file gives it: (vendor pattern, model pattern, model)
-MODELS = (
-    (r"polatis|huber\+suhner", r".", "polatis"),
-    (r"dicon", r".", "dicon-matrix"),
-    (r"keysight|agilent", r"^N77\d\d", "keysight-n77xx"),
-    (r"thorlabs", r"^PM100", "thorlabs-pm100"),
-)
-KINDS = {"polatis": "optical_switch", "dicon-matrix": "optical_switch", "keysight-n77xx": "power_meter",
-         "thorlabs-pm100": "power_meter"}
 
 
 @dataclass
@@ -41,15 +32,16 @@ class Found:
     problem: str | None = None
 
     @property
-    def kind(self) -> str | None:
-        return KINDS.get(self.model or "")
+    def kind(self) -> registry.Kind | None:
+        try:
+            return registry.model(self.model).kind if self.model else None
+        except registry.UnknownModel:
+            return None
 
 
 def model_of(identity: Identity) -> str | None:
-    for vendor, model, name in MODELS:
-        if re.search(vendor, identity.vendor, re.I) and re.search(model, identity.model, re.I):
-            return name
-    return None
+    """The registered model (the name a bench file gives it) whose identity patterns match."""
+    return next((m.name for m in registry.models() if m.identifies(identity.vendor, identity.model)), None)
 
 
 def serial_device(resource: str) -> str | None:
@@ -103,46 +95,35 @@ def _visa(found: Found, timeout_s: float) -> None:
             return
         found.model = model_of(found.identity)
         found.how["model"] = f"*IDN? -> {reply.strip()}"
-        if found.model == "polatis":
-            from lumion_hil.instruments.polatis import PolatisSwitch
-
-            switch = PolatisSwitch(session)
-            switch.clear_status()
-            found.ports = switch.size()
-            found.how["ports"] = ":OXC:SWIT:SIZE?"
-            found.power_monitors = switch.probe_power_monitors()
-            found.how["power_monitors"] = ":PMON:POW? (@1);*OPC? " + ("answered" if found.power_monitors else
-                                                                     "refused")
-        elif found.model == "keysight-n77xx":
-            from lumion_hil.instruments.keysight_n77xx import KeysightN77xx
-
-            meter = KeysightN77xx(session)
-            meter.clear_status()
-            found.channels = meter.installed_channels()
-            found.how["channels"] = ":SLOT<n>:EMPT? (fitted ports)"
-        elif found.model == "thorlabs-pm100":
-            found.channels = 1
-            found.how["channels"] = f"one sensor input ({found.identity.model})"
-        elif found.model is None:
+        if found.model is None:
             found.problem = f"{found.identity}: not a model lumion-hil drives"
+            return
+        entry = registry.model(found.model)
+        probe = entry.probe_function()
+        if probe is not None and entry.transport is not registry.Transport.SERIAL:
+            probe(found, session)  # what the model says of itself: size, monitors, channels
     finally:
         session.close()
 
 
 def _serial(found: Found, device: str, timeout_s: float, baud_rate: int) -> None:
-    from lumion_hil.instruments.dicon import DiconMatrix
-
-    # Opened as a DiCon (the serial model lumion-hil drives): its identity query is *IDN? too.
-    matrix = DiconMatrix(found.resource, device, ingress=1, egress=1, baud_rate=baud_rate, timeout_s=timeout_s)
+    serial = [m for m in registry.models() if m.transport is registry.Transport.SERIAL]
+    if not serial:
+        found.problem = "a serial line, and no registered model is reached by one"
+        return
+    # Opened with the driver of the (first) serial model lumion-hil drives: a switch's, whose
+    # identity query is *IDN? too.
+    matrix = serial[0].driver_class()(found.resource, device, ingress=1, egress=1, baud_rate=baud_rate,
+                                      timeout_s=timeout_s)
     try:
         found.identity = matrix.identify()
         found.model = model_of(found.identity)
         found.how["model"] = f"*IDN? -> {found.identity.vendor}, {found.identity.model}"
-        if found.model == "dicon-matrix":
-            found.ports = matrix.read_size()
-            found.how["ports"] = "X1 DIM?"
-            found.power_monitors = False
-            found.how["power_monitors"] = "a DiCon matrix has none"
+        entry = registry.model(found.model) if found.model else None
+        if entry is not None and entry.transport is registry.Transport.SERIAL:
+            probe = entry.probe_function()
+            if probe is not None:
+                probe(found, matrix)
         else:
             found.problem = f"{found.identity}: not a serial model lumion-hil drives"
     finally:

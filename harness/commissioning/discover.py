@@ -27,15 +27,15 @@ from lumion_hil.harness.backends import load_backend
 from lumion_hil.harness.commissioning.walk import FibreMap, WalkedNic, find_fibres
 from lumion_hil.harness.config import Bench, Host, HostEmulation, Topology
 from lumion_hil.harness.errors import HarnessError
+from lumion_hil.instruments import registry
 from lumion_hil.instruments.gpu_host.client import AgentClient, local_agent_argv, ssh_agent_argv
 from lumion_hil.instruments.identify import Found, identify, list_resources
 
 # Receiver sensitivity by line rate, for the draft's limit (each an assumption to replace).
 SENSITIVITY_DBM = {10: (-14.4, "IEEE 802.3 clause 52, 10GBASE-LR average receive power sensitivity")}
-# The requirement drafted per switch model: the published or datasheet switching time +25%.
-SWITCH_TIME_S = {"polatis": (0.0625, "the documented 'about 50 ms' per connection (published "
-                                     "polatis.switch_per_connection_s) +25%"),
-                 "dicon-matrix": (0.02, "typical MEMS matrix datasheets, 5-20 ms per connection (the slow end)")}
+# The requirement drafted for a switch whose model's registry entry gives none (each entry gives
+# its published or datasheet switching time +25%).
+DEFAULT_SWITCH_TIME_S = (0.0625, "a beam-steering switch's 50 ms +25%")
 
 
 class DiscoveryError(HarnessError):
@@ -270,7 +270,7 @@ def _structure(disc: Discovery, protected: Sequence[int], name: str, placeholder
     rate = min(ranks_rates) if ranks_rates else 10
     sensitivity, source = SENSITIVITY_DBM.get(int(rate), (-14.4, "the 10GBASE-LR figure, for want of one for "
                                                           f"{rate:g} Gb/s"))
-    switch_s, switch_source = SWITCH_TIME_S.get(sw.model, (0.0625, "a beam-steering switch's 50 ms +25%"))
+    switch_s, switch_source = registry.model(sw.model).switch_time_s or DEFAULT_SWITCH_TIME_S
     data["limits"] = {
         "receiver_sensitivity_dbm": Noted({"value": sensitivity, "source": f"assumption: {source}"},
                                           "assumption: your receivers' sensitivity"),

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from lumion_hil.instruments import registry
 from lumion_hil.instruments.backend import INSTRUMENT_FAULTS, BenchBackend, Fault, FaultKind
 from lumion_hil.instruments.emulators.world import World
 
@@ -81,7 +82,8 @@ class EmulatedBench(BenchBackend):
                 self.emulators[name] = device
                 self.servers[name] = server.start()
                 self.resources[name] = server.resource
-                if spec.model in VXI11_MODELS:  # the LAN transport its maker's tools address it by, too
+                if registry.model(spec.model).transport is registry.Transport.VXI11:
+                    # the LAN transport its maker's tools address it by, too
                     from lumion_hil.instruments.emulators.vxi11 import Vxi11Server
 
                     self.vxi11[name] = Vxi11Server(device, host=f"127.0.0.{2 + len(self.vxi11)}").start()
@@ -93,33 +95,24 @@ class EmulatedBench(BenchBackend):
         return self
 
     def _serve(self, name: str, spec, seed: int):
-        """The emulator for a model, on the transport its real instrument uses (the USB meter
-        excepted: served on TCP, see its emulator)."""
+        """The emulator of the instrument's model (its registry entry), on the transport its
+        real instrument uses (the USB meter excepted: served on TCP, see its emulator). A
+        meter's emulator is given the bench too: its detectors say where its light comes from."""
         from lumion_hil.instruments.emulators.scpi_transports import PtyLineServer, TcpScpiServer
 
-        device: _Emulator
-        if spec.model == "polatis":
-            from lumion_hil.instruments.emulators.polatis import PolatisEmulator
-
-            device = PolatisEmulator(name, spec, self.world, seed=seed)
-            return device, TcpScpiServer(device)
-        if spec.model == "keysight-n77xx":
-            from lumion_hil.instruments.emulators.keysight_n77xx import KeysightN77xxEmulator
-
-            device = KeysightN77xxEmulator(name, spec, self.world, self.bench, seed=seed)
-            return device, TcpScpiServer(device)
-        if spec.model == "thorlabs-pm100":
-            from lumion_hil.instruments.emulators.thorlabs_pm100 import ThorlabsPM100Emulator
-
-            device = ThorlabsPM100Emulator(name, spec, self.world, self.bench, seed=seed)
-            return device, TcpScpiServer(device)
-        if spec.model == "dicon-matrix":
-            from lumion_hil.instruments.emulators.dicon import DiconEmulator
-
-            device = DiconEmulator(name, spec, self.world, seed=seed)
+        try:
+            entry = registry.model(spec.model)
+        except registry.UnknownModel:
+            raise ValueError(f"{name}: no emulator for model {spec.model!r}") from None
+        emulator = entry.emulator_class()
+        if entry.kind is registry.Kind.POWER_METER:
+            device = emulator(name, spec, self.world, self.bench, seed=seed)
+        else:
+            device = emulator(name, spec, self.world, seed=seed)
+        if entry.transport is registry.Transport.SERIAL:  # a line protocol: its lines, its power
             return device, PtyLineServer(device.handle_line, name, eol=b"\r\n", faults=device.faults,
                                          power_on=device.power_on, any_eol=True)
-        raise ValueError(f"{name}: no emulator for model {spec.model!r}")
+        return device, TcpScpiServer(device)
 
     @property
     def nccl_tests_path(self) -> str:
@@ -218,11 +211,6 @@ class EmulatedBench(BenchBackend):
             self.world_service.stop()
             self.world_service = None
 
-
-
-# Models whose real instruments also answer VXI-11 (TCPIP0::<host>::inst0::INSTR): the N77xx
-# (Keysight's programming guide addresses them so). The Polatis answers raw SCPI on its port only.
-VXI11_MODELS = ("keysight-n77xx",)
 
 
 class ServedWorld(BenchBackend):

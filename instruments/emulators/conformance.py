@@ -25,8 +25,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from lumion_hil.instruments import registry
+
 MANUALS = Path(__file__).with_name("manuals")
-MODELS = ("polatis", "dicon-matrix", "thorlabs-pm100", "keysight-n77xx")
 
 
 class _Model(BaseModel):
@@ -95,8 +96,18 @@ class Manual(_Model):
         return command.command.rstrip().endswith("?")
 
 
+def manual_path(model: str) -> Path:
+    """Where a model's manual is: as its registry entry says (a plug-in's travels with it), else
+    ``manuals/<model>.yaml`` here."""
+    try:
+        path = registry.model(model).manual_path()
+    except registry.UnknownModel:
+        path = None
+    return path or MANUALS / f"{model}.yaml"
+
+
 def load(model: str) -> Manual:
-    path = MANUALS / f"{model}.yaml"
+    path = manual_path(model)
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -108,7 +119,8 @@ def load(model: str) -> Manual:
 
 
 def available() -> list[str]:
-    return [m for m in MODELS if (MANUALS / f"{m}.yaml").exists()]
+    """The registered models that have a manual, in the registry's order."""
+    return [m.name for m in registry.models() if m.manual and manual_path(m.name).exists()]
 
 
 # --- long and short forms ------------------------------------------------------------------------
