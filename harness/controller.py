@@ -27,6 +27,11 @@ file as ``module:attribute`` strings in ``recovery.controller_options``
                         switch=my_switch,            # what it switches through (default: the guarded switch)
                         restart=my_restart)          # (session, ranks) -> None: the job started on the new map
 
+Their types: ``SparePolicy`` (harness/spares.py), :class:`~lumion_hil.harness.planning.Rewiring`
+and :class:`~lumion_hil.harness.planning.PlanCheck` (harness/planning.py), :class:`RestartJob`
+(here), and for ``phase_listeners``
+:class:`~lumion_hil.harness.recovery_model.PhaseListener`.
+
 ``phase_listeners`` (called as each phase begins) and the public ``recover``/``resume`` are the
 rest of its surface. harness/testing.py builds controllers with named bugs from these alone.
 """
@@ -35,7 +40,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from lumion_hil.harness.detection import WATCH_WINDOW_S, Watchers
 from lumion_hil.harness.errors import SafetyError
@@ -50,8 +55,20 @@ from lumion_hil.harness.spares import SparePolicy, SparePool
 from lumion_hil.instruments.threads import WORKERS
 from lumion_hil.instruments.protocols import InstrumentError
 
+if TYPE_CHECKING:
+    from lumion_hil.harness.session import BenchSession
+
 __all__ = ["PHASES", "Detection", "Phase", "Plan", "RecoveryController", "RecoveryError", "RecoveryResult",
-           "ReferenceController", "Status", "load_controller"]
+           "ReferenceController", "RestartJob", "Status", "load_controller"]
+
+
+class RestartJob(Protocol):
+    """How the job is started again on the new rank map once the fabric is rewired (the job
+    already stopped on every host). The controller calls it positionally, so a lab's restart
+    may name its parameters as it likes; it returns once the job is started (the controller
+    then waits for its first step), and raises to fail the recovery."""
+
+    def __call__(self, session: BenchSession, ranks: list[str], /) -> None: ...
 
 
 def _last_words(status: dict) -> str:
@@ -60,7 +77,7 @@ def _last_words(status: dict) -> str:
     return " | ".join(status.get("error_lines", [])[-2:] or status.get("last_lines", [])[-2:])
 
 
-def start_every_rank(session, ranks: list[str]) -> None:
+def start_every_rank(session: BenchSession, ranks: list[str]) -> None:
     """The reference restart: every rank of the new map, on every host at once."""
     session.start_job(ranks)
 
@@ -79,7 +96,7 @@ def _named(part, what: str):
 class ReferenceController(RecoveryController):
     def __init__(self, session, ranks: list[str], *, spare_policy: SparePolicy | None = None,
                  rewiring: Rewiring | None = None, plan_checks: list[PlanCheck] | None = None, switch=None,
-                 restart: Callable | None = None):
+                 restart: RestartJob | None = None):
         super().__init__(session, ranks)
         spare_policy, rewiring = _named(spare_policy, "spare_policy"), _named(rewiring, "rewiring")
         plan_checks = None if plan_checks is None else [_named(c, "plan_checks") for c in plan_checks]
@@ -91,7 +108,7 @@ class ReferenceController(RecoveryController):
         self.watchers = Watchers(session)
         self.phases = PhaseRunner(self.bench, self.timeline, self.phase_listeners)
         self._stopping: tuple | None = None  # the job being stopped while the fabric is rewired
-        self.restart_job = _named(restart, "restart") or start_every_rank
+        self.restart_job: RestartJob = _named(restart, "restart") or start_every_rank
 
     # -- detect ----------------------------------------------------------------------------------
 
@@ -346,16 +363,17 @@ class ReferenceController(RecoveryController):
             if owner is not None:
                 host, nic = owner
                 waits.append((host.name, nic.interface or nic.name))
-        results: dict = {}
+        up: dict[tuple[str, str], bool] = {}
 
         def wait(host: str, interface: str) -> None:
             try:
-                results[(host, interface)] = self.session.hosts[host].wait_link(interface, up=True, timeout_s=deadline_s)
-            except InstrumentError as exc:
-                results[(host, interface)] = {"timed_out": True, "error": str(exc)}
+                up[(host, interface)] = not self.session.hosts[host].wait_link(interface, up=True,
+                                                                               timeout_s=deadline_s).timed_out
+            except InstrumentError:  # a host that cannot say is a link not known to be up
+                up[(host, interface)] = False
 
         for waited in [WORKERS.submit(wait, *w) for w in waits]:
             waited.result()
-        down = [f"{h}.{i}" for (h, i), r in results.items() if r.get("timed_out")]
+        down = [f"{h}.{i}" for (h, i), is_up in up.items() if not is_up]
         if down:
             raise RecoveryError(f"link(s) {down} did not come up within {deadline_s:g} s")

@@ -107,23 +107,23 @@ class Watchers:
             event = agent.wait_xid(0)
             if event is None:
                 break
-            stale = event if event.get("xid") in FATAL_XIDS else stale
+            stale = event if event.xid in FATAL_XIDS else stale
         if stale is not None and host_lost(self.session, host):
-            self._report(Detection(DetectionKind.XID, host, stale["t_ns"], stale["uncertainty_ns"], stale), stop)
+            self._report(Detection(DetectionKind.XID, host, stale.t_ns, stale.uncertainty_ns, stale.as_dict()), stop)
 
     def _watch_xid(self, stop, agent, host: str) -> None:
         while not stop.is_set():
             event = agent.wait_xid(WATCH_WINDOW_S)
-            if event is not None and event.get("xid") in FATAL_XIDS:
-                self._report(Detection(DetectionKind.XID, host, event["t_ns"], event["uncertainty_ns"], event), stop)
+            if event is not None and event.xid in FATAL_XIDS:
+                self._report(Detection(DetectionKind.XID, host, event.t_ns, event.uncertainty_ns, event.as_dict()), stop)
                 return
 
     def _watch_link(self, stop, agent, host: str, interface: str, nic: str) -> None:
         while not stop.is_set():
             state = agent.wait_link(interface, up=False, timeout_s=WATCH_WINDOW_S)
-            if not state["timed_out"]:  # detected when the host saw it (since_ns: when it happened)
-                self._report(Detection(DetectionKind.LINK_DOWN, host, state["t_ns"], state["uncertainty_ns"],
-                                       {"nic": nic, **state}), stop)
+            if not state.timed_out:  # detected when the host saw it
+                self._report(Detection(DetectionKind.LINK_DOWN, host, state.t_ns, state.uncertainty_ns,
+                                       {"nic": nic, **state.as_dict()}), stop)
                 return
 
     def _watch_job(self, stop, agent, host: str) -> None:

@@ -5,19 +5,22 @@ remove and add (a rewiring rule), each plan checked before it is carried out.
 Extension points (passed to ``ReferenceController``):
 
 - ``rewiring``: a callable ``rule(bench, failed, spare, live, intended) -> (remove, add)``
-  (:data:`Rewiring`); the reference rule is :func:`like_for_like`.
-- ``plan_checks``: callables ``check(bench, plan)`` that raise to refuse a plan; the reference
-  check is :func:`refuse_protected_ports`.
+  (:class:`Rewiring`); the reference rule is :func:`like_for_like`.
+- ``plan_checks``: callables ``check(bench, plan)`` that raise to refuse a plan
+  (:class:`PlanCheck`); the reference check is :func:`refuse_protected_ports`.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from lumion_hil.harness.errors import SafetyError
 from lumion_hil.harness.recovery_model import Detection, DetectionKind, Plan
 from lumion_hil.harness.spares import SparePool
 from lumion_hil.instruments.protocols import InstrumentError
+
+if TYPE_CHECKING:
+    from lumion_hil.harness.config import Bench
 
 # Light this far below the receiver's sensitivity is still light (a faded transmitter, a dirty
 # connector), not the darkness of a cut fibre or a failed port (meters read 40 dB lower there).
@@ -26,19 +29,40 @@ DIM_LIGHT_DB = 20.0
 # above a monitor's repeatability, below the smallest fade that matters on a thin loss budget).
 FADE_SEEN_DB = 0.5
 
-Circuits = list[tuple[int, int]]
-Rewiring = Callable[[object, str, str, dict, dict], "tuple[Circuits, Circuits]"]
-PlanCheck = Callable[[object, Plan], None]
+Circuits = list[tuple[int, int]]  # (ingress port, egress port) cross-connects of the switch
 
 
-def like_for_like(bench, failed: str, spare: str, live: dict[int, int], intended: dict[int, int]):
+class Rewiring(Protocol):
+    """A rewiring rule: which circuits to remove and add so that ``spare`` takes ``failed``'s
+    place. The planner calls it positionally (a lab's rule may name its parameters as it likes)
+    and checks what it returns with the plan checks before anything is switched."""
+
+    def __call__(self, bench: Bench, failed: str, spare: str, live: dict[int, int],
+                 intended: dict[int, int], /) -> tuple[Circuits, Circuits]:
+        """``live``: the cross-connects in place now (ingress port -> egress port); ``intended``:
+        those the job ran on before the fault, which the rule rebuilds (a fault may have removed
+        one from ``live``). Returns ``(remove, add)``, each a list of (ingress, egress)."""
+        ...
+
+
+class PlanCheck(Protocol):
+    """A check every plan must pass before it is carried out: it raises to refuse the plan
+    (:class:`SafetyError` for a refusal the fabric explains, which makes the recovery degraded,
+    not failed) and returns nothing when the plan may go ahead."""
+
+    def __call__(self, bench: Bench, plan: Plan, /) -> None: ...
+
+
+def like_for_like(bench: Bench, failed: str, spare: str, live: dict[int, int],
+                  intended: dict[int, int]) -> tuple[Circuits, Circuits]:
     """The spare takes the failed host's place on every circuit the job ran on (NIC for NIC);
     whatever else holds a port the new paths need is removed."""
     f_nics, s_nics = bench.host(failed).nics, bench.host(spare).nics
     tx_map = {f.tx_port: s.tx_port for f, s in zip(f_nics, s_nics)}
     rx_map = {f.rx_port: s.rx_port for f, s in zip(f_nics, s_nics)}
     spare_ports = {p for n in s_nics for p in (n.tx_port, n.rx_port)}
-    remove, add = [], []
+    remove: Circuits = []
+    add: Circuits = []
     for ingress, egress in sorted(intended.items()):
         if ingress in tx_map or egress in rx_map:
             if live.get(ingress) == egress:
@@ -51,7 +75,7 @@ def like_for_like(bench, failed: str, spare: str, live: dict[int, int], intended
     return remove, add
 
 
-def refuse_protected_ports(bench, plan: Plan) -> None:
+def refuse_protected_ports(bench: Bench, plan: Plan) -> None:
     """Protected ports are never switched: a plan that needs one is refused (degraded)."""
     touched = sorted({p for pair in plan.remove + plan.add for p in pair} & set(bench.safety.protected_ports))
     if touched:

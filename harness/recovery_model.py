@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from lumion_hil.harness.errors import HarnessError
 from lumion_hil.harness.plugins import CONTROLLERS, PluginError, load_object
@@ -53,11 +54,15 @@ class DetectionKind(enum.StrEnum):
 
 @dataclass
 class Detection:
-    kind: str  # a DetectionKind
+    kind: DetectionKind
     host: str
     t_ns: int  # harness clock
     uncertainty_ns: int = 0
     detail: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # a lab's watcher may still name the kind by its string; the field holds the enum either way
+        self.kind = DetectionKind(self.kind)
 
 
 @dataclass
@@ -74,7 +79,7 @@ class Plan:
 
 @dataclass
 class RecoveryResult:
-    status: str  # a Status
+    status: Status
     reason: str = ""
     detection: Detection | None = None
     plan: Plan | None = None
@@ -82,6 +87,10 @@ class RecoveryResult:
     restarted_ns: int | None = None
     first_step_ns: int | None = None
     first_step_uncertainty_ns: int = 0
+
+    def __post_init__(self) -> None:
+        # a lab's controller may still give the status as its string; the field holds the enum
+        self.status = Status(self.status)
 
     def phase_s(self, name: str) -> float | None:
         if name not in self.phases:
@@ -94,6 +103,14 @@ class RecoveryError(HarnessError):
     pass
 
 
+class PhaseListener(Protocol):
+    """Told as a recovery enters each phase (its name, a :class:`Phase`, and the plan so far,
+    None before there is one), on the recovery's own thread: what it does there is part of the
+    recovery's time, which is how a harness makes a second fault mid-recovery."""
+
+    def __call__(self, phase: str, plan: Plan | None, /) -> None: ...
+
+
 class RecoveryController(abc.ABC):
     """What the recovery suite drives: ``arm`` before the fault, ``recover`` after it."""
 
@@ -103,7 +120,7 @@ class RecoveryController(abc.ABC):
         # Called with a phase's name and the plan so far as the controller enters the phase: a
         # harness can act mid-recovery (make a second fault, say). A controller that never calls
         # them is still a controller.
-        self.phase_listeners: list = []
+        self.phase_listeners: list[PhaseListener] = []
 
     @abc.abstractmethod
     def arm(self) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 class FaultKind(str, enum.Enum):
@@ -48,12 +48,21 @@ NIC_FAULTS = frozenset({FaultKind.FIBRE_CUT, FaultKind.TRANSCEIVER_DEGRADATION, 
 class Fault:
     """One fault, as the harness made it: which kind, on which host (and NIC), how strong."""
 
-    kind: str
+    kind: FaultKind
     host: str
     nic: str | None = None
     xid: int = 79
     loss_db: float = 15.0
     detail: dict = field(default_factory=dict, hash=False)
+
+    if TYPE_CHECKING:
+        # A fault is also named by its kind's string (a bench file, a transcript, a test):
+        # the constructor takes either, and the field holds the enum.
+        def __init__(self, kind: FaultKind | str, host: str, nic: str | None = None, xid: int = 79,
+                     loss_db: float = 15.0, detail: dict = ...) -> None: ...
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", FaultKind(self.kind))  # frozen: set once, here
 
     def describe(self) -> str:
         where = f"{self.host}.{self.nic}" if self.nic else self.host

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Protocol, runtime_checkable
 
+from lumion_hil.instruments.gpu_host.replies import LinkWait, TransmitterSet, XidEvent
+
 
 class InstrumentError(Exception):
     """An instrument did not do what was asked: names the instrument, the command, what came back."""
@@ -281,14 +283,14 @@ class GpuHost(abc.ABC):
     def health(self) -> list[dict]: ...
 
     @abc.abstractmethod
-    def wait_xid(self, timeout_s: float) -> dict | None:
-        """The next XID critical error: ``{"xid", "uuid", "t_ns" (harness), "uncertainty_ns"}``."""
+    def wait_xid(self, timeout_s: float) -> XidEvent | None:
+        """The next XID critical error (None: none within ``timeout_s``)."""
 
     @abc.abstractmethod
     def links(self) -> list[dict]: ...
 
     @abc.abstractmethod
-    def wait_link(self, interface: str, up: bool, timeout_s: float) -> dict: ...
+    def wait_link(self, interface: str, up: bool, timeout_s: float) -> LinkWait: ...
 
     @abc.abstractmethod
     def start_job(self, command: list[str], fields: dict, env: dict | None = None) -> dict: ...
@@ -311,5 +313,5 @@ class TransmitterControl(abc.ABC):
     that the light it feeds a switch port can be found by watching for it to go out."""
 
     @abc.abstractmethod
-    def set_transmitter(self, interface: str, on: bool) -> dict:
-        """``{"interface", "on", "t_ns"}``; a host that cannot refuses with the reason."""
+    def set_transmitter(self, interface: str, on: bool) -> TransmitterSet:
+        """A host that cannot refuses with the reason."""

@@ -60,7 +60,7 @@ def main() -> None:
             time.sleep(0.01)  # let the wait reach the agent before the failure happens
             truth = emulated.world.fail_gpu("host1", 0, xid=13)  # an application XID: the GPU stays usable
             waiter.join()
-            latencies.append((got["e"]["t_ns"] - truth.t_ns) / 1e6)
+            latencies.append((got["e"].t_ns - truth.t_ns) / 1e6)
         host.close()
     print(f"XID detection latency, world event to harness ({args.events} events):")
     print(f"  median {statistics.median(latencies):.3f} ms, p99 {percentile(latencies, 0.99):.3f} ms, "

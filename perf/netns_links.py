@@ -49,9 +49,9 @@ def toggles(backend, agent: AgentClient, events: int, truth) -> tuple[list[float
         world.set_extra_loss(rx_port, 0.0 if up else float("inf"), changed_ns)
         waiter.join()
         state = got["s"]
-        assert not state["timed_out"], f"{HOST}.{NIC}: the agent never saw the link go {'up' if up else 'down'}"
+        assert not state.timed_out, f"{HOST}.{NIC}: the agent never saw the link go {'up' if up else 'down'}"
         true_ns, lag_ns = truth(world, up, changed_ns)
-        latencies.append((state["t_ns"] - true_ns) / 1e6)
+        latencies.append((state.t_ns - true_ns) / 1e6)
         if lag_ns is not None:
             lags.append(lag_ns / 1e6)
     return latencies, lags
@@ -99,7 +99,7 @@ def main() -> None:
             agent = AgentClient(HOST, backend.agent_argv(HOST), timeout_s=10)
             try:
                 agent.sync_clock(16)
-                assert agent.wait_link(NIC, True, 5.0)["timed_out"] is False, "the baseline link never came up"
+                assert agent.wait_link(NIC, True, 5.0).timed_out is False, "the baseline link never came up"
                 results[name] = toggles(backend, agent, args.events, truth)
             finally:
                 agent.close()

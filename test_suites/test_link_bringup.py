@@ -30,7 +30,7 @@ def test_link_comes_up_after_light(session, bench_file, optical_switch, gpu_host
 
     optical_switch.disconnect([baseline_circuit])
     down = agent.wait_link(interface, up=False, timeout_s=deadline)
-    assert not down["timed_out"], f"{host.name}.{interface} kept carrier with its circuit removed"
+    assert not down.timed_out, f"{host.name}.{interface} kept carrier with its circuit removed"
 
     det = bench_file.meter_detector_for_port(egress)
     meter = session.meters.get(det.instrument) if det else None
@@ -42,11 +42,11 @@ def test_link_comes_up_after_light(session, bench_file, optical_switch, gpu_host
     with timeline.span("suite.connect", ingress=ingress, egress=egress):
         optical_switch.connect([baseline_circuit])
     up = agent.wait_link(interface, up=True, timeout_s=deadline)
-    carrier_ns = up["t_ns"]  # when the agent saw carrier come up (netlink on a host, stamped by its clock)
-    timeline.event("link.carrier_up", carrier_ns, uncertainty_ns=up["uncertainty_ns"], source=host.name,
+    carrier_ns = up.t_ns  # when the agent saw carrier come up (netlink on a host, stamped by its clock)
+    timeline.event("link.carrier_up", carrier_ns, uncertainty_ns=up.uncertainty_ns, source=host.name,
                    interface=interface)
 
-    carrier_s = None if up["timed_out"] else (carrier_ns - commanded_ns) / 1e9
+    carrier_s = None if up.timed_out else (carrier_ns - commanded_ns) / 1e9
     measure(Spec("carrier_up_time", "s", description="switch command to carrier up at the NIC").at_most(
         *limits.scaled(bench_file, bench_file.deadlines.link_up_s, "bench deadline deadlines.link_up_s")), carrier_s, host=host.name,
         interface=interface)
@@ -57,12 +57,12 @@ def test_link_comes_up_after_light(session, bench_file, optical_switch, gpu_host
                 detector=det.name, method=trace.method)
         if light_ns is not None and carrier_s is not None:
             measure(limits.link_bringup(bench_file), (carrier_ns - light_ns) / 1e9, host=host.name,
-                    interface=interface, uncertainty_s=(trace.resolution_ns() + up["uncertainty_ns"]) / 1e9)
+                    interface=interface, uncertainty_s=(trace.resolution_ns() + up.uncertainty_ns) / 1e9)
     if carrier_s is not None:  # once up, the link stays up: count the drops the host's counters show
         settle_s = limits.scaled(bench_file, bench_file.limits.link_up_after_light_s.value, "")[0]
         before = next(s for s in agent.links() if s["interface"] == interface)
         drop = agent.wait_link(interface, up=False, timeout_s=settle_s)
-        if not drop["timed_out"]:
+        if not drop.timed_out:
             agent.wait_link(interface, up=True, timeout_s=deadline)
             agent.wait_link(interface, up=False, timeout_s=settle_s * 4)  # let a flapping link finish
         after = next(s for s in agent.links() if s["interface"] == interface)

@@ -39,9 +39,9 @@ def test_failed_gpu_shows_as_xid_within_milliseconds(session):
     truth = session.world.fail_gpu("host1", 0, xid=79)
     waiter.join()
     event = got["event"]
-    assert event["xid"] == 79 and event["uuid"] == session.world.gpus[("host1", 0)].uuid
-    latency_ms = (event["t_ns"] - truth.t_ns) / 1e6
-    assert -event["uncertainty_ns"] / 1e6 <= latency_ms < 50, latency_ms  # a few ms; generous for a loaded CI
+    assert event.xid == 79 and event.uuid == session.world.gpus[("host1", 0)].uuid
+    latency_ms = (event.t_ns - truth.t_ns) / 1e6
+    assert -event.uncertainty_ns / 1e6 <= latency_ms < 50, latency_ms  # a few ms; generous for a loaded CI
     health = agent.health()
     assert health[0]["lost"] is True and "fell off the bus" in health[0]["reason"]
 
@@ -52,13 +52,13 @@ def test_no_xid_is_a_timeout_not_an_error(session):
 
 def test_cut_circuit_takes_carrier_down_at_the_worlds_instant(session):
     agent = session.hosts["host1"]
-    assert agent.wait_link("p1", up=True, timeout_s=5)["carrier"] == 1
+    assert agent.wait_link("p1", up=True, timeout_s=5).carrier == 1
     session.world.set_extra_loss(20, float("inf"))  # cut the fibre feeding host1.p1
     state = agent.wait_link("p1", up=False, timeout_s=5)
-    assert state["carrier"] == 0 and state["operstate"] == "lowerlayerdown" and not state["timed_out"]
+    assert state.carrier == 0 and state.operstate == "lowerlayerdown" and not state.timed_out
     cut = session.world.events_of("loss", "20")[-1].t_ns
     # The agent saw it when the host told it, as netlink would: within milliseconds of the cut.
-    assert -state["uncertainty_ns"] <= state["t_ns"] - cut < 20_000_000 + state["uncertainty_ns"]
+    assert -state.uncertainty_ns <= state.t_ns - cut < 20_000_000 + state.uncertainty_ns
     counters = agent.links()[1]
     assert counters["carrier_down_count"] >= 1
 
@@ -74,9 +74,10 @@ def test_clock_mapping_places_offset_host_events_within_the_uncertainty():
             emulated.world.connect(bench.safety.baseline)
             up = agent.wait_link("p1", up=True, timeout_s=5)
             truth = emulated.world.link_state("host1", "p1")[1]  # the world's instant, harness clock
-            seen_on_host = up["host_t_ns"] - offset  # the host stamped it on its own clock...
+            assert up.host_t_ns is not None  # the client keeps the host's own stamp
+            seen_on_host = up.host_t_ns - offset  # the host stamped it on its own clock...
             assert 0 <= seen_on_host - truth < 20_000_000
-            assert -up["uncertainty_ns"] <= up["t_ns"] - truth < 20_000_000 + up["uncertainty_ns"]  # ...mapped onto ours
+            assert -up.uncertainty_ns <= up.t_ns - truth < 20_000_000 + up.uncertainty_ns  # ...mapped onto ours
         finally:
             agent.close()
 

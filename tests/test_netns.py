@@ -60,7 +60,7 @@ def test_agent_sees_the_carrier_through_netlink_within_5_ms_of_the_change(sessio
     agent, world = session.hosts["host1"], session.world
     agent.sync_clock(16)
     port = _rx_port(session, "host1", "p0")
-    assert agent.wait_link("p0", True, 5)["timed_out"] is False
+    assert agent.wait_link("p0", True, 5).timed_out is False
     interfaces = agent.call("hello")["interfaces"]
     assert {"p0", "p1", "mgmt0"} <= set(interfaces) and "bond0" in interfaces  # its own namespace's, not ours
     for up in (False, True, False, True):
@@ -72,12 +72,12 @@ def test_agent_sees_the_carrier_through_netlink_within_5_ms_of_the_change(sessio
         world.set_extra_loss(port, 0.0 if up else float("inf"), before)
         waiter.join()
         state = got["s"]
-        assert state["timed_out"] is False and state["method"] == "netlink", state
+        assert state.timed_out is False and state.method == "netlink", state
         change = _carrier_change(world, "host1.p0", up, before)
         # the kernel changed the carrier between the request and its acknowledgement
         window_ns = change.detail["acked_ns"] - change.t_ns
-        late_ms = (state["t_ns"] - (change.t_ns + window_ns / 2)) / 1e6
-        assert -(state["uncertainty_ns"] + window_ns / 2) / 1e6 <= late_ms < 5.0, (up, late_ms, window_ns)
+        late_ms = (state.t_ns - (change.t_ns + window_ns / 2)) / 1e6
+        assert -(state.uncertainty_ns + window_ns / 2) / 1e6 <= late_ms < 5.0, (up, late_ms, window_ns)
         if up:  # carrier comes up only after the receiver's lock and bring-up (105 ms on this bench)
             assert (change.t_ns - before) / 1e9 >= 0.105
     assert agent.call("link", interface="p0")["carrier"] == 1

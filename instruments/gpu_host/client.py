@@ -13,6 +13,7 @@ from typing import IO, overload
 
 from lumion_hil.instruments import transcript
 from lumion_hil.instruments.gpu_host import wire
+from lumion_hil.instruments.gpu_host.replies import LinkWait, TransmitterSet, XidEvent
 from lumion_hil.instruments.protocols import (ClockMapping, GpuHost, InstrumentError, InstrumentIOError,
                                               TransmitterControl)
 
@@ -282,20 +283,21 @@ class AgentClient(GpuHost, TransmitterControl):
     def health(self) -> list[dict]:
         return self.call("health")
 
-    def wait_xid(self, timeout_s: float) -> dict | None:
-        return self._mapped(self.call("wait_xid", timeout_s + self.timeout_s, timeout_s=timeout_s), "t_ns")
+    def wait_xid(self, timeout_s: float) -> XidEvent | None:
+        event = self._mapped(self.call("wait_xid", timeout_s + self.timeout_s, timeout_s=timeout_s), "t_ns")
+        return None if event is None else XidEvent.from_json(event)
 
     def links(self) -> list[dict]:
         return [self._mapped(s, "t_ns", "since_ns") for s in self.call("links")]
 
-    def wait_link(self, interface: str, up: bool, timeout_s: float) -> dict:
+    def wait_link(self, interface: str, up: bool, timeout_s: float) -> LinkWait:
         state = self.call("wait_link", timeout_s + self.timeout_s, interface=interface, up=up, timeout_s=timeout_s)
-        return self._mapped(state, "t_ns", "since_ns")
+        return LinkWait.from_json(self._mapped(state, "t_ns"))
 
-    def set_transmitter(self, interface: str, on: bool) -> dict:
+    def set_transmitter(self, interface: str, on: bool) -> TransmitterSet:
         """Turn the interface's transmitter (its laser) off or on; ``t_ns`` on the harness clock.
         The agent turns any it left off on again when its session ends."""
-        return self._mapped(self.call("transmitter", interface=interface, on=bool(on)), "t_ns")
+        return TransmitterSet.from_json(self._mapped(self.call("transmitter", interface=interface, on=bool(on)), "t_ns"))
 
     def start_job(self, command: list[str], fields: dict, env: dict | None = None) -> dict:
         return self._mapped(self.call("job_start", command=command, fields=fields, env=env or {}), "started_ns")
