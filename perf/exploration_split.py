@@ -26,8 +26,14 @@ from pathlib import Path
 
 import pytest
 
-from lumion_hil.harness import exploration as _exploration
-from lumion_hil.harness.recovery import _covered_ns as _union_ns  # how much of [lo, hi] spans cover, once
+try:
+    from lumion_hil.harness import explorer as _explorer
+except ImportError:  # the code before the explorer had a module of its own (--before): exploration.py held it
+    from lumion_hil.harness import exploration as _explorer
+try:  # how much of [lo, hi] spans cover, once
+    from lumion_hil.harness.overhead import _covered_ns as _union_ns
+except ImportError:  # the code before the overhead had a module of its own (--before): recovery.py held it
+    from lumion_hil.harness.recovery import _covered_ns as _union_ns
 
 _OUT = os.environ.get("LUMION_HIL_SPLIT_OUT")
 
@@ -127,7 +133,7 @@ class _Split:
 
 
 def _wrap(name: str, kind: str) -> None:
-    original = getattr(_exploration.Explorer, name)
+    original = getattr(_explorer.Explorer, name)
 
     @functools.wraps(original)
     def timed(self, *args, **kwargs):
@@ -136,18 +142,18 @@ def _wrap(name: str, kind: str) -> None:
             return original(self, *args, **kwargs)
         return split.timed(kind, lambda: original(self, *args, **kwargs))
 
-    setattr(_exploration.Explorer, name, timed)
+    setattr(_explorer.Explorer, name, timed)
 
 
 if _OUT:
-    _init = _exploration.Explorer.__init__
+    _init = _explorer.Explorer.__init__
 
     def _init_timed(self, session, *args, **kwargs):
         self._perf_split = None
         _init(self, session, *args, **kwargs)  # (its first reset is set-up, not timed)
         self._perf_split = _Split(self)
 
-    _exploration.Explorer.__init__ = _init_timed
+    _explorer.Explorer.__init__ = _init_timed
     for _name, _kind in (("reset", "reset"), ("_recover", "recovery"), ("_repair", "repair"), ("_quiet", "quiet"),
                          ("check", "check")):
         _wrap(_name, _kind)

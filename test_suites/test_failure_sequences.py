@@ -1,6 +1,6 @@
 """Failure sequences: Hypothesis tells stories of faults, faults during recoveries, spares that
 fail as they are switched in, transmitters that fade step by step, and repairs, on the bench's
-own hosts and NICs; after every step the harness's promises are checked (harness/exploration.py).
+own hosts and NICs; after every step the harness's promises are checked (harness/promises.py).
 A story that breaks one is shrunk to the shortest that still does, written as a story file
 (attached to the report, kept under RESULTS/stories) and replayable on any bench that has its
 parts: ``lumion-hil replay STORY --bench FILE``.
@@ -26,8 +26,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, note, seed, settings, strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from lumion_hil.harness.exploration import (DURING, NIC_KINDS, Broken, Explorer, Step, Story, paths_missed,
-                                            reference_paths, shards_of_part)
+from lumion_hil.harness.exploration import paths_missed, reference_paths, shards_of_part
+from lumion_hil.harness.explorer import Explorer
+from lumion_hil.harness.promises import Broken
+from lumion_hil.harness.stories import DURING, NIC_KINDS, Step, Story
 from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.progress import PROGRESS
 from lumion_hil.harness.records import read_record

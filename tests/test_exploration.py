@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from conftest import BENCHES, ROOT, serve_bench
-from lumion_hil.harness.exploration import Step, Story, profile
+from lumion_hil.harness.exploration import profile
+from lumion_hil.harness.stories import Step, Story
 
 SUITE = ROOT / "test_suites" / "test_failure_sequences.py"
 
