@@ -1,7 +1,7 @@
 """A digital twin of a recorded bench (``lumion-hil calibrate``): the emulation sections of a
 bench file fitted to one or more transcripts (``lumion-hil run --record``).
 
-Fitted, each from what the harness saw through the drivers and agents (harness/fidelity.py's
+Fitted, each from what the harness saw through the drivers and agents (harness/transcript_analysis.py's
 analysis of the exchanges), never from the recorded bench's own settings:
 
 - switching time per connection, as a distribution (mean and spread): the switch commands'
@@ -34,7 +34,8 @@ from typing import Any
 
 import yaml
 
-from lumion_hil.harness import fidelity
+from lumion_hil.harness import transcript_analysis
+from lumion_hil.harness.transcript_replay import Replayer
 from lumion_hil.instruments import transcript
 
 
@@ -59,7 +60,7 @@ def fit(bench, transcripts: list[tuple[str, dict, list[dict]]]) -> Fit:
     analyses = []
     for path, header, entries in transcripts:
         scale = header.get("time_scale") or 1.0
-        analyses.append((fidelity.analyse(bench, sorted(entries, key=lambda e: e["t_ns"])), scale))
+        analyses.append((transcript_analysis.analyse(bench, sorted(entries, key=lambda e: e["t_ns"])), scale))
     switch = f"instruments.{bench.topology.switch}.emulation"
 
     # Switching: duration = overhead + sum of the connections' times.
@@ -111,11 +112,11 @@ def fit(bench, transcripts: list[tuple[str, dict, list[dict]]]) -> Fit:
     # Noise: back-to-back lit readings of one port with no change between them.
     spreads: dict[str, list[float]] = {}
     for a, _ in analyses:
-        previous: dict[tuple[str, int], fidelity.Reading] = {}
+        previous: dict[tuple[str, int], transcript_analysis.Reading] = {}
         for position, r in enumerate(a.readings):
             key = (r.instrument, r.port)
             p = previous.get(key)
-            if p is not None and p.dbm > fidelity.DARK_DBM and r.dbm > fidelity.DARK_DBM and abs(r.dbm - p.dbm) < 1.0 \
+            if p is not None and p.dbm > transcript_analysis.DARK_DBM and r.dbm > transcript_analysis.DARK_DBM and abs(r.dbm - p.dbm) < 1.0 \
                     and position in a.paths:
                 spreads.setdefault(r.instrument, []).append(r.dbm - p.dbm)
             previous[key] = r
@@ -211,9 +212,9 @@ def refine(bench_text: str, bench_name: str, fitted: Fit, transcripts, load) -> 
     path, header, entries = transcripts[0]
     scale = header.get("time_scale") or 1.0
     twin = load(yaml.safe_dump(emulated(apply(yaml.safe_load(bench_text), fitted)), sort_keys=False), scale)
-    replayed = fidelity.Replayer(twin, header, entries).run()
-    a = fidelity.analyse(twin, sorted(entries, key=lambda e: e["t_ns"]))
-    b = fidelity.analyse(twin, sorted(replayed, key=lambda e: e["t_ns"]))
+    replayed = Replayer(twin, header, entries).run()
+    a = transcript_analysis.analyse(twin, sorted(entries, key=lambda e: e["t_ns"]))
+    b = transcript_analysis.analyse(twin, sorted(replayed, key=lambda e: e["t_ns"]))
     out = Fit(dict(fitted.values))
     name = Path(path).name
 

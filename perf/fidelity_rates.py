@@ -71,7 +71,8 @@ VARIANTS = {
 def main() -> None:
     from lumion_hil.harness import decisions
     from lumion_hil.harness.config import parse_bench
-    from lumion_hil.harness.fidelity import Replayer, compare
+    from lumion_hil.harness.fidelity import compare
+    from lumion_hil.harness.transcript_replay import Replayer
     from lumion_hil.instruments import transcript
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -35,7 +35,7 @@ def run(results: Path, record: bool) -> float:
 
 def main() -> None:
     from lumion_hil.harness.config import load_bench
-    from lumion_hil.harness.fidelity import Replayer
+    from lumion_hil.harness.transcript_replay import Replayer
     from lumion_hil.instruments import transcript
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -194,7 +194,7 @@ def test_the_poll_that_ended_a_drivers_loop_is_found_and_a_reading_loop_is_not()
     """A driver polled a logging function until COMPLETE, then read the result: the replay asks
     that last poll again until its bench says COMPLETE too (else the result query, asked too
     early, answers with an error and no reply). A loop watching light is timed, not repeated."""
-    from lumion_hil.harness.fidelity import poll_exits
+    from lumion_hil.harness.transcript_replay import poll_exits
 
     def scpi(t, name, command, reply):
         return {"type": "scpi", "name": name, "thread": 1, "t_ns": t, "done_ns": t + 1, "command": command,

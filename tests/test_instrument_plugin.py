@@ -179,7 +179,7 @@ def test_the_circuit_and_light_suites_run_with_the_plugin_meter(plugin, tmp_path
 
     # and fidelity reads its power replies as its registry entry says: light seen at the port
     # its detector watches
-    from lumion_hil.harness.fidelity import analyse
+    from lumion_hil.harness.transcript_analysis import analyse
 
     seen = [r for r in analyse(bench, lines).readings if r.instrument == REPLACED]
     assert seen and {r.port for r in seen} == {detector.port}
