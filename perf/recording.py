@@ -12,6 +12,7 @@ Measured on this machine; nothing here is a model figure.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import subprocess
 import sys
@@ -22,7 +23,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benches" / "emulated.yaml"
 SUITES = "circuit or link or light or recovery"
-RUNS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 
 
 def run(results: Path, record: bool) -> float:
@@ -34,16 +34,19 @@ def run(results: Path, record: bool) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="?", type=int, default=3, help="runs with and without --record (default 3)")
+    runs = parser.parse_args().runs
     from lumion_hil.harness.config import load_bench
     from lumion_hil.harness.transcript_replay import Replayer
     from lumion_hil.instruments import transcript
 
     with tempfile.TemporaryDirectory() as tmp:
         plain, recorded = [], []
-        for i in range(RUNS):
+        for i in range(runs):
             plain.append(run(Path(tmp) / f"plain{i}", False))
             recorded.append(run(Path(tmp) / f"rec{i}", True))
-        print(f"suites ({SUITES}) at time scale 0.2, {RUNS} runs each, alternating:")
+        print(f"suites ({SUITES}) at time scale 0.2, {runs} runs each, alternating:")
         print(f"  without --record: {', '.join(f'{x:.2f}' for x in plain)} s (median {statistics.median(plain):.2f})")
         print(f"  with --record:    {', '.join(f'{x:.2f}' for x in recorded)} s "
               f"(median {statistics.median(recorded):.2f})")
