@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lumion_hil.harness.config import MeterInstrument, SwitchInstrument
+from lumion_hil.harness.config_instruments import MeterInstrument, SwitchInstrument
 from lumion_hil.instruments import registry
 from lumion_hil.instruments.visa import VisaSession
 

@@ -11,7 +11,9 @@ from typing import Any, Callable
 
 from lumion_hil.harness.backends import load_backend
 from lumion_hil.harness.binding import open_driver
-from lumion_hil.harness.config import Bench, Detector, MeterInstrument, SwitchInstrument
+from lumion_hil.harness.config import Bench
+from lumion_hil.harness.config_instruments import MeterInstrument, SwitchInstrument
+from lumion_hil.harness.config_topology import Detector
 from lumion_hil.harness.errors import HarnessError
 from lumion_hil.harness.interrupts import INTERRUPTS, critical, shield
 from lumion_hil.harness.lock import BenchLock

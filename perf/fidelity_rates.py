@@ -39,7 +39,7 @@ SUITES = "not failure_sequences and not training_throughput and not collective_b
 
 def _host_nics(text: str, factor: float) -> str:
     """Every host's NIC lock and bring-up, times ``factor`` (the defaults made explicit)."""
-    from lumion_hil.harness.config import HostEmulation
+    from lumion_hil.harness.config_topology import HostEmulation
 
     default = HostEmulation()
     setting = (f"      emulation: {{lock_time_s: {default.lock_time_s * factor:.6g}, "

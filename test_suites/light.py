@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lumion_hil.harness.config import Detector
+from lumion_hil.harness.config_topology import Detector
 
 
 def received_dbm(session, detector: Detector):

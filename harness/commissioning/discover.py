@@ -25,7 +25,8 @@ import yaml
 
 from lumion_hil.harness.backends import load_backend
 from lumion_hil.harness.commissioning.walk import FibreMap, WalkedNic, find_fibres
-from lumion_hil.harness.config import Bench, Host, HostEmulation, Topology
+from lumion_hil.harness.config import Bench
+from lumion_hil.harness.config_topology import Host, HostEmulation, Topology
 from lumion_hil.harness.errors import HarnessError
 from lumion_hil.instruments import registry
 from lumion_hil.instruments.gpu_host.client import AgentClient, local_agent_argv, ssh_agent_argv
@@ -308,7 +309,7 @@ def _detectors(disc: Discovery, hosts: list[dict]) -> list:
         owner = rx_owner.get(tap.port, f"port{tap.port}")
         loss = round(tap.tap_loss_db, 2) if tap.tap_loss_db is not None else 0.0
         how = "measured: lit when light was sent to that port" + (
-            f"; tap_loss_db the switch's monitor less the meter" if tap.tap_loss_db is not None
+            "; tap_loss_db the switch's monitor less the meter" if tap.tap_loss_db is not None
             else "; assumption: tap_loss_db 0 (no monitor to compare with)")
         out.append(Noted({"name": f"tap-{owner}", "instrument": tap.instrument, "channel": tap.channel,
                           "port": tap.port, "tap_loss_db": loss}, how))
