@@ -27,7 +27,7 @@ file as ``module:attribute`` strings in ``recovery.controller_options``
                         switch=my_switch,            # what it switches through (default: the guarded switch)
                         restart=my_restart)          # (session, ranks) -> None: the job started on the new map
 
-Their types: ``SparePolicy`` (harness/spares.py), :class:`~lumion_hil.harness.planning.Rewiring`
+Their types: :class:`~lumion_hil.harness.spares.SparePolicy`, :class:`~lumion_hil.harness.planning.Rewiring`
 and :class:`~lumion_hil.harness.planning.PlanCheck` (harness/planning.py), :class:`RestartJob`
 (here), and for ``phase_listeners``
 :class:`~lumion_hil.harness.recovery_model.PhaseListener`.

@@ -8,11 +8,11 @@ from contextlib import contextmanager
 
 from lumion_hil.harness import timescale
 from lumion_hil.harness.progress import PROGRESS
-from lumion_hil.harness.recovery_model import RecoveryError, RecoveryResult
+from lumion_hil.harness.recovery_model import PhaseListener, RecoveryError, RecoveryResult
 
 
 class PhaseRunner:
-    def __init__(self, bench, timeline, listeners: list):
+    def __init__(self, bench, timeline, listeners: list[PhaseListener]):
         self.bench = bench
         self.timeline = timeline
         self.listeners = listeners  # the controller's phase_listeners (the same list)

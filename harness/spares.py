@@ -2,16 +2,19 @@
 taken out on a guess (nothing showed which end of a link failed) to check again after a repair.
 
 Which spare is taken is a policy: a callable ``policy(pool, ranks) -> host | None``
-(:data:`SparePolicy`). The reference policy is :func:`first_healthy_spare`; a lab's own (the
+(:class:`SparePolicy`). The reference policy is :func:`first_healthy_spare`; a lab's own (the
 spare nearest the failed host, the one on the least loaded uplink) is passed to
 ``ReferenceController(spare_policy=...)``.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from lumion_hil.instruments.protocols import InstrumentError
+
+if TYPE_CHECKING:
+    from lumion_hil.harness.config_topology import Host
 
 
 def host_lost(session, host: str) -> bool:
@@ -46,7 +49,7 @@ class SparePool:
     def lost(self, host: str) -> bool:
         return host_lost(self.session, host)
 
-    def candidates(self, ranks: list[str]) -> list:
+    def candidates(self, ranks: list[str]) -> list[Host]:
         """Hosts outside the job that could take a rank: a spare, or a former rank (repaired)."""
         original = set(self.bench.job.ranks) if self.bench.job else set()
         return [h for h in self.bench.topology.hosts if h.name not in ranks
@@ -80,7 +83,12 @@ class SparePool:
         return f"no spare GPU is left{f' ({why})' if why else ''}"
 
 
-SparePolicy = Callable[[SparePool, list[str]], "str | None"]
+class SparePolicy(Protocol):
+    """Which host takes a rank next: the name of one of ``pool.candidates(ranks)`` (the hosts
+    not running a rank of the job), or None where none will do. What it passes over and why goes into
+    ``pool.passed_over``, which the controller's "no spare" answer quotes."""
+
+    def __call__(self, pool: SparePool, ranks: list[str], /) -> str | None: ...
 
 
 def first_healthy_spare(pool: SparePool, ranks: list[str]) -> str | None:
