@@ -48,13 +48,13 @@ def run_sweep(session, collective: str, ranks: list[str], fabric: str = "optical
     out = session.hosts[ranks[0]].run_nccl_tests(argv, timeout_s=timeout, env=env)
     source = f"{ranks[0]}: {' '.join(argv[:1])}"
     try:
-        runs = parse_runs(out["stdout"], source)
+        runs = parse_runs(out.stdout, source)
     except NcclParseError as exc:
-        raise MeasurementFailed(f"{collective} over {ranks} ({fabric}): exit {out['returncode']}, {exc}; "
-                                f"stderr: {out['stderr'][-500:]}") from None
+        raise MeasurementFailed(f"{collective} over {ranks} ({fabric}): exit {out.returncode}, {exc}; "
+                                f"stderr: {out.stderr[-500:]}") from None
     if len(runs) != 1:
         raise MeasurementFailed(f"{source}: {len(runs)} runs in one output; expected one")
-    return Sweep(collective, list(ranks), fabric, runs[0], out["stdout"], out["started_ns"], out["ended_ns"], library)
+    return Sweep(collective, list(ranks), fabric, runs[0], out.stdout, out.started_ns, out.ended_ns, library)
 
 
 @dataclass
@@ -90,11 +90,11 @@ def observe_step_rate(session, ranks: list[str], intervals: int = 3, timeout_s: 
     saw each."""
     lead = session.hosts[ranks[0]]
     timeout = session.bench.waits.recovery_s if timeout_s is None else timeout_s
-    start = lead.job_status()["progress"].get("step", 0)
+    start = lead.job_status().step
     status = lead.wait_step(start + intervals + 1, timeout)
-    if not status.get("reached"):
+    if not status.reached:
         raise MeasurementFailed(f"the job on {ranks} did not take {intervals + 1} steps within {timeout:g} s "
-                                f"({' | '.join(status.get('last_lines', [])[-2:])})")
+                                f"({' | '.join(status.last_lines[-2:])})")
     steps = lead.job_steps(after_step=start)
     rate = StepRate(list(ranks), steps, session.bench.job.batch_per_rank)
     if not rate.intervals_s:

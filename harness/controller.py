@@ -52,6 +52,7 @@ from lumion_hil.harness.recovery_model import (
     PHASES, Detection, Phase, Plan, RecoveryController, RecoveryError, RecoveryResult, Status, load_controller,
 )
 from lumion_hil.harness.spares import SparePolicy, SparePool
+from lumion_hil.instruments.gpu_host.replies import JobStatus, StepWait
 from lumion_hil.instruments.threads import WORKERS
 from lumion_hil.instruments.protocols import InstrumentError
 
@@ -71,10 +72,9 @@ class RestartJob(Protocol):
     def __call__(self, session: BenchSession, ranks: list[str], /) -> None: ...
 
 
-def _last_words(status: dict) -> str:
-    """What a job said as it failed: its error lines where the agent kept some (a launcher's
-    report may follow them), else its last two lines."""
-    return " | ".join(status.get("error_lines", [])[-2:] or status.get("last_lines", [])[-2:])
+def _last_words(status: JobStatus | None) -> str:
+    """What a job said as it failed (JobStatus.last_words), or that its agent did not answer."""
+    return "no answer from its agent" if status is None else " | ".join(status.last_words())
 
 
 def start_every_rank(session: BenchSession, ranks: list[str]) -> None:
@@ -245,7 +245,7 @@ class ReferenceController(RecoveryController):
         with self.phases.phase(result, Phase.FIRST_STEP) as marks:
             lead = self.session.hosts[plan.ranks_after[0]]
             status = self._wait_first_step(plan.ranks_after, self.phases.left(), restart_from)
-            result.first_step_ns = status["progress"]["t_ns"]
+            result.first_step_ns = status.progress["t_ns"]
             result.first_step_uncertainty_ns = lead.clock.uncertainty_ns
             marks["end"] = result.first_step_ns
 
@@ -289,13 +289,14 @@ class ReferenceController(RecoveryController):
             self.session.stop_job()
         self.restart_job(self.session, ranks)
 
-    def _wait_first_step(self, ranks: list[str], timeout_s: float, since_ns: int | None = None) -> dict:
+    def _wait_first_step(self, ranks: list[str], timeout_s: float, since_ns: int | None = None) -> StepWait:
         """The lead rank's first step; a rank whose process started at the restart (after
         ``since_ns``) and exits first (its GPU lost as the job started, say) ends the wait at
         once instead of at the deadline. A host whose process predates the restart was not
         restarted: what the job makes of its missing rank (a rendezvous that times out) decides."""
         done = threading.Event()
-        outcome: dict = {}
+        outcome: dict[str, StepWait] = {}
+        exited: list[tuple[str, StepWait]] = []
 
         def lead() -> None:
             status = self.session.hosts[ranks[0]].wait_step(1, timeout_s)
@@ -306,10 +307,10 @@ class ReferenceController(RecoveryController):
             until = time.monotonic() + timeout_s
             while not done.is_set() and time.monotonic() < until:
                 status = self.session.hosts[host].wait_step(10**12, min(WATCH_WINDOW_S, until - time.monotonic()))
-                if not status.get("running") and status.get("pid") is not None:
-                    if since_ns is not None and (self.session.hosts[host].job_status().get("started_ns") or 0) < since_ns:
+                if status.ended:
+                    if since_ns is not None and (self.session.hosts[host].job_status().started_ns or 0) < since_ns:
                         return  # not this restart's process
-                    outcome.setdefault("exited", (host, status))
+                    exited.append((host, status))
                     done.set()
                     return
 
@@ -317,14 +318,15 @@ class ReferenceController(RecoveryController):
         for host in ranks[1:]:
             WORKERS.submit(follower, host)
         done.wait(timeout_s + self.bench.waits.opc_s)
-        if "lead" in outcome and outcome["lead"].get("reached"):
-            return outcome["lead"]
-        if "exited" in outcome:
-            host, status = outcome["exited"]
+        lead_status = outcome.get("lead")
+        if lead_status is not None and lead_status.reached:
+            return lead_status
+        if exited:
+            host, status = exited[0]
             raise RecoveryError(f"the job exited on {host} before its first step on {ranks}: {_last_words(status)}")
-        status = outcome.get("lead", {})
+        timed_out = lead_status is None or lead_status.timed_out
         raise RecoveryError(f"the job did not complete a step on {ranks} "
-                            f"({'timed out' if status.get('timed_out', True) else 'it exited'}: {_last_words(status)})")
+                            f"({'timed out' if timed_out else 'it exited'}: {_last_words(lead_status)})")
 
     # -- verify ----------------------------------------------------------------------------------
 

@@ -129,10 +129,9 @@ class Watchers:
     def _watch_job(self, stop, agent, host: str) -> None:
         while not stop.is_set():
             status = agent.wait_step(10**12, WATCH_WINDOW_S)
-            if not status["running"] and status.get("pid") is not None:
+            if status.ended:
                 self._report(Detection(DetectionKind.JOB_EXIT, host, self.timeline.clock(), 0,
-                                       {"returncode": status["returncode"],
-                                        "last_lines": status.get("last_lines", [])}), stop)
+                                       {"returncode": status.returncode, "last_lines": status.last_lines}), stop)
                 return
 
     def _watch_margin(self, stop, _agent, _host, watched: list) -> None:

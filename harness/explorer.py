@@ -98,7 +98,7 @@ class Explorer(PromiseChecks):
         self.last: RecoveryResult | None = None
         self.controller = load_controller(session, self.ranks)
         session.start_job(self.ranks)
-        if not session.hosts[self.ranks[0]].wait_step(1, self.bench.waits.recovery_s)["reached"]:
+        if not session.hosts[self.ranks[0]].wait_step(1, self.bench.waits.recovery_s).reached:
             raise Broken("the job runs", f"it did not start on {self.ranks} after a reset")
 
     def finish(self) -> None:
@@ -311,8 +311,8 @@ class Explorer(PromiseChecks):
         if self.state != "running":
             return "still degraded"
         lead = self.session.hosts[self.ranks[0]]
-        step = lead.job_status()["progress"].get("step", 0)
-        if not lead.wait_step(step + 1, self.bench.waits.recovery_s)["reached"]:
+        step = lead.job_status().step
+        if not lead.wait_step(step + 1, self.bench.waits.recovery_s).reached:
             raise Broken("the job runs", f"it stopped stepping on {self.ranks}")
         return f"the job stepped on ({step + 1})"
 

@@ -45,9 +45,9 @@ def rank_map(session, fault_ns: int, world_size: int | None = None) -> tuple[lis
     for name, status in asked.items():
         if isinstance(status, Exception):
             raise status
-        rank = (status.get("fields") or {}).get("rank")
-        if status.get("running") and isinstance(rank, int):
-            running.setdefault(rank, []).append((name, status.get("started_ns")))
+        rank = status.fields.get("rank")
+        if status.running and isinstance(rank, int):
+            running.setdefault(rank, []).append((name, status.started_ns))
     missing = [r for r in range(world_size) if r not in running]
     doubled = {r: [h for h, _ in hs] for r, hs in running.items() if len(hs) > 1}
     if missing or doubled:
@@ -67,7 +67,7 @@ def _every_rank(session, ranks: list[str], event: str) -> int | None:
     stamped it); None if a rank has not reported it."""
     instants = []
     for host in ranks:
-        found = session.hosts[host].wait_job_event(event, 0).get("event")
+        found = session.hosts[host].wait_job_event(event, 0).event
         if found is None:
             return None
         instants.append(found["t_ns"])
@@ -157,8 +157,8 @@ def job_last_words(session, hosts: list[str], within_s: float) -> dict[str, list
 
     def listen(host: str) -> None:
         status = session.hosts[host].wait_step(10**12, within_s)
-        lines = status.get("error_lines") or status.get("last_lines") or []
-        words[host] = (["(still running)"] if status.get("running") else []) + list(lines)
+        lines = status.error_lines or status.last_lines
+        words[host] = (["(still running)"] if status.running else []) + list(lines)
 
     threads = [threading.Thread(target=listen, args=(h,), daemon=True) for h in hosts]
     for thread in threads:

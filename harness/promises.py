@@ -166,9 +166,9 @@ class PromiseChecks(ABC):
                                ("light", None): lambda: self.session.received_dbms(
                                    [d for d in watched.values() if d is not None])})
         for host in self.ranks:
-            if any(g.get("lost") for g in self._answer(asked, (host, "health"))):
+            if any(g.lost for g in self._answer(asked, (host, "health"))):
                 raise Broken("the job runs on healthy GPUs", f"{host}'s GPU is lost and it is in the job {self.ranks}")
-            links = {s["interface"]: s for s in self._answer(asked, (host, "links"))}
+            links = {s.interface: s for s in self._answer(asked, (host, "links"))}
             for nic in self.bench.host(host).nics:
                 if nic.rx_port not in fed:
                     continue
@@ -179,11 +179,11 @@ class PromiseChecks(ABC):
                         raise Broken("every circuit has light above sensitivity plus margin",
                                      f"{host}.{nic.name} receives {received} ({det.name}), floor {floor:g} dBm")
                 state = links.get(nic.interface or nic.name)
-                if state is None or state.get("carrier") != 1:
+                if state is None or state.carrier != 1:
                     raise Broken("every circuit has carrier", f"{host}.{nic.name}: {state}")
         status = self.session.hosts[self.ranks[0]].job_status()
-        if not status.get("running"):
-            raise Broken("the job runs", f"not running on {self.ranks}: {status.get('last_lines', [])[-2:]}")
+        if not status.running:
+            raise Broken("the job runs", f"not running on {self.ranks}: {status.last_lines[-2:]}")
 
     @staticmethod
     def _answer(asked: dict, key):

@@ -106,7 +106,7 @@ def migrate_to_reserved_rack(session, ranks: list[str]) -> dict:
     control.start(argv, {"rank": 0}, session.fabric_env(ranks[0], "electrical"))
     try:
         status = control.wait_step(2, session.bench.waits.recovery_s)
-        if not status["reached"]:
+        if not status["reached"]:  # the job runner's own reply (jobs.py), not an agent's
             raise RuntimeError(f"the job did not step on the reserved rack: {status['last_lines']}")
         steps = control.steps()
         return {"restored_ns": restored_ns, "first_step_ns": steps[0][1], "steps": steps}

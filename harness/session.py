@@ -23,6 +23,7 @@ from lumion_hil.harness.timeline import Timeline
 from lumion_hil.instruments.threads import at_once
 from lumion_hil.instruments.backend import BenchBackend
 from lumion_hil.instruments.gpu_host.client import AgentClient, local_agent_argv, ssh_agent_argv
+from lumion_hil.instruments.gpu_host.replies import JobStarted
 from lumion_hil.instruments.protocols import OutOfRange
 
 log = logging.getLogger("lumion_hil")
@@ -155,14 +156,15 @@ class BenchSession:
         return {"NCCL_SOCKET_IFNAME": ",".join(n.interface or n.name for n in host.nics),
                 **self._started_backend().fabric_env(host, fabric)}
 
-    def start_job(self, ranks: list[str], fabric: str = "optical", only: list[str] | None = None) -> dict[str, dict]:
+    def start_job(self, ranks: list[str], fabric: str = "optical",
+                  only: list[str] | None = None) -> dict[str, JobStarted]:
         """Start every rank of the job on its host (rank 0 is the master), on the optical
         circuits or on the electrical rack: all hosts at once, as a launcher would. ``only``:
         start the ranks on these hosts only (the others of the map are someone else's concern)."""
         job = self.bench.job
         command = self.job_command(ranks)
         master = self.bench.host(ranks[0])
-        started: dict[str, dict] = {}
+        started: dict[str, JobStarted] = {}
         assert job is not None  # job_command raised otherwise
 
         def start(rank: int, host_name: str) -> None:
@@ -174,7 +176,7 @@ class BenchSession:
         _all_at_once(start, [(rank, host) for rank, host in enumerate(ranks) if only is None or host in only])
         return {host: started[host] for host in ranks if host in started}
 
-    def fresh_job(self, ranks: list[str], fabric: str = "optical") -> dict[str, dict]:
+    def fresh_job(self, ranks: list[str], fabric: str = "optical") -> dict[str, JobStarted]:
         """The job stopped everywhere, the baseline restored, and the job started on ``ranks``."""
         self.stop_job()
         self.restore_baseline()

@@ -21,7 +21,7 @@ def host_lost(session, host: str) -> bool:
     """A GPU of the host reports lost, or its agent is gone. A host whose agent cannot read
     NVML is not known to be lost (it may still be a spare)."""
     try:
-        return any(gpu.get("lost") for gpu in session.hosts[host].health())
+        return any(gpu.lost for gpu in session.hosts[host].health())
     except InstrumentError as exc:
         return "the agent is not running" in str(exc)
 

@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Protocol, runtime_checkable
 
-from lumion_hil.instruments.gpu_host.replies import LinkWait, TransmitterSet, XidEvent
+from lumion_hil.instruments.gpu_host.replies import (EventWait, GpuDevice, GpuHealth, JobStarted, JobStatus, LinkState,
+                                                     LinkWait, NcclRun, StepWait, TransmitterSet, XidEvent)
 
 
 class InstrumentError(Exception):
@@ -277,32 +278,46 @@ class GpuHost(abc.ABC):
     clock: ClockMapping
 
     @abc.abstractmethod
-    def devices(self) -> list[dict]: ...
+    def devices(self) -> list[GpuDevice]: ...
 
     @abc.abstractmethod
-    def health(self) -> list[dict]: ...
+    def health(self) -> list[GpuHealth]: ...
 
     @abc.abstractmethod
     def wait_xid(self, timeout_s: float) -> XidEvent | None:
         """The next XID critical error (None: none within ``timeout_s``)."""
 
     @abc.abstractmethod
-    def links(self) -> list[dict]: ...
+    def links(self) -> list[LinkState]: ...
 
     @abc.abstractmethod
     def wait_link(self, interface: str, up: bool, timeout_s: float) -> LinkWait: ...
 
     @abc.abstractmethod
-    def start_job(self, command: list[str], fields: dict, env: dict | None = None) -> dict: ...
+    def start_job(self, command: list[str], fields: dict, env: dict | None = None) -> JobStarted: ...
 
     @abc.abstractmethod
-    def stop_job(self, timeout_s: float = 10.0) -> dict: ...
+    def stop_job(self, timeout_s: float = 10.0) -> JobStatus: ...
 
     @abc.abstractmethod
-    def job_status(self) -> dict: ...
+    def job_status(self) -> JobStatus: ...
 
     @abc.abstractmethod
-    def wait_step(self, step: int, timeout_s: float) -> dict: ...
+    def wait_step(self, step: int, timeout_s: float) -> StepWait: ...
+
+    @abc.abstractmethod
+    def job_steps(self, after_step: int = 0) -> list[tuple[int, int]]:
+        """(step, harness time the agent saw it) for each step after ``after_step``."""
+
+    @abc.abstractmethod
+    def job_events(self, event: str | None = None) -> list[dict]:
+        """The job's events of this run (or those named ``event``), in order, on the harness clock."""
+
+    @abc.abstractmethod
+    def wait_job_event(self, event: str, timeout_s: float) -> EventWait: ...
+
+    @abc.abstractmethod
+    def run_nccl_tests(self, argv: list[str], timeout_s: float = 600.0, env: dict | None = None) -> NcclRun: ...
 
     def close(self) -> None:
         """Release the agent."""

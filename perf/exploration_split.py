@@ -97,7 +97,7 @@ class _Split:
         if ready:
             for host in ready:
                 try:
-                    started = self.explorer.session.hosts[host].job_status().get("started_ns")
+                    started = self.explorer.session.hosts[host].job_status().started_ns
                 except Exception:
                     continue
                 if started is not None and t0 <= started <= ready[host] - startup_ns:

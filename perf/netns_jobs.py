@@ -43,9 +43,9 @@ def recoveries(session, count: int, light: bool) -> dict[str, list[float]]:
     for i in range(count):
         session.fresh_job(ranks)
         lead = session.hosts[ranks[0]]
-        assert lead.wait_step(1, waits.recovery_s)["reached"], "the job did not start"
+        assert lead.wait_step(1, waits.recovery_s).reached, "the job did not start"
         if lead.job_events("checkpoint_loaded"):
-            assert lead.wait_job_event("checkpoint_saved", waits.recovery_s)["event"], "no checkpoint saved"
+            assert lead.wait_job_event("checkpoint_saved", waits.recovery_s).event, "no checkpoint saved"
         injector = Injector(session)
         fault = Fault("gpu_failure", ranks[i % len(ranks)])
         controller = load_controller(session, ranks)

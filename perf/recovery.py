@@ -34,7 +34,7 @@ def recoveries(bench_file: str, scale: float, n: int):
         ranks = list(bench.job.ranks)
         for i in range(n):
             session.fresh_job(ranks)
-            assert session.hosts[ranks[0]].wait_step(1, 60)["reached"]
+            assert session.hosts[ranks[0]].wait_step(1, 60).reached
             controller = load_controller(session, ranks)
             controller.arm()
             fault = Fault("gpu_failure", ranks[i % len(ranks)])

@@ -55,7 +55,7 @@ def story(session, bench_file):
     for lib in libraries:
         out["sweeps"][lib]["before"] = run_sweep(session, "all_reduce", ranks, "optical", library=lib)
     session.start_job(ranks)
-    assert session.hosts[ranks[0]].wait_step(1, bench_file.waits.recovery_s)["reached"], "the job did not start"
+    assert session.hosts[ranks[0]].wait_step(1, bench_file.waits.recovery_s).reached, "the job did not start"
     injector, fault, fault_ns, result = recover_once(session, ranks)
     try:
         assert result.status == "recovered", f"{fault.describe()}: {result.status}: {result.reason}"
@@ -206,15 +206,15 @@ def test_no_wrong_results(story, measure):
 
 @allure.title("fault to the first collective completed again")
 def test_time_until_a_collective_completes_again(story, session, bench_file, measure):
-    event = story["collective"]["event"]
-    assert event is not None, f"no collective completed on {story['ranks_after']}: {story['collective']['last_lines']}"
+    event = story["collective"].event
+    assert event is not None, f"no collective completed on {story['ranks_after']}: {story['collective'].last_lines}"
     measure(upper_limit("nccl_resync", "morphlux.nccl_resync_s", bench_file.published,
                         bench_file.limits.marginal_fraction, bench_file.time_scale,
                         bench_file.limits.controller_overhead_s.value)
             .not_comparable_because(session.backend.not_comparable("job")),
             (event["t_ns"] - story["fault_ns"]) / 1e9, fault=story["fault"].describe(),
             uncertainty_s=event["uncertainty_ns"] / 1e9, job=session.job_kind())
-    init = story["init"]["event"]
+    init = story["init"].event
     if init is not None:
         measure(Spec("nccl_communicator_ready", "s", description="fault to NCCL's Init COMPLETE on the new ranks"),
                 (init["t_ns"] - story["fault_ns"]) / 1e9)

@@ -60,13 +60,14 @@ def test_link_comes_up_after_light(session, bench_file, optical_switch, gpu_host
                     interface=interface, uncertainty_s=(trace.resolution_ns() + up.uncertainty_ns) / 1e9)
     if carrier_s is not None:  # once up, the link stays up: count the drops the host's counters show
         settle_s = limits.scaled(bench_file, bench_file.limits.link_up_after_light_s.value, "")[0]
-        before = next(s for s in agent.links() if s["interface"] == interface)
+        before = next(s for s in agent.links() if s.interface == interface)
         drop = agent.wait_link(interface, up=False, timeout_s=settle_s)
         if not drop.timed_out:
             agent.wait_link(interface, up=True, timeout_s=deadline)
             agent.wait_link(interface, up=False, timeout_s=settle_s * 4)  # let a flapping link finish
-        after = next(s for s in agent.links() if s["interface"] == interface)
-        drops = None if before.get("carrier_down_count") is None else after["carrier_down_count"] - before["carrier_down_count"]
+        after = next(s for s in agent.links() if s.interface == interface)
+        drops = None if before.carrier_down_count is None or after.carrier_down_count is None else \
+            after.carrier_down_count - before.carrier_down_count
         measure(Spec("carrier_drops_after_up", "drops", description="carrier lost again after it came up "
                      f"(within {settle_s:g} s and after)").at_most(0, "a link that comes up stays up").with_marginal(0.0),
                 drops, host=host.name, interface=interface)

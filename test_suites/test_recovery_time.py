@@ -35,15 +35,15 @@ def running_job(session, bench_file, gpu_hosts, record_note):
     record_note("job", kind=session.job_kind())
     started = session.fresh_job(ranks)
     status = gpu_hosts[ranks[0]].wait_step(1, bench_file.waits.recovery_s)
-    assert status["reached"], f"the job did not start healthy on {ranks}: {status.get('last_lines')}"
+    assert status.reached, f"the job did not start healthy on {ranks}: {status.last_lines}"
     events = gpu_hosts[ranks[0]].job_events()
     ready = next((e for e in events if e["event"] in ("nccl_init", "communicator_ready")), None)
     if ready is not None and started:  # the job's own start-up, as its rank 0 said it (fidelity reads it too)
-        record_note("job start-up", seconds=(ready["t_ns"] - max(s["started_ns"] for s in started.values())) / 1e9,
+        record_note("job start-up", seconds=(ready["t_ns"] - max(s.started_ns for s in started.values())) / 1e9,
                     ready=ready["event"], measured="the last rank's launch to rank 0's communicator-ready line")
     if any(e["event"] == "checkpoint_loaded" for e in events):  # a job that checkpoints: let it save one first
         saved = gpu_hosts[ranks[0]].wait_job_event("checkpoint_saved", bench_file.waits.recovery_s)
-        assert saved["event"], f"the job on {ranks} saved no checkpoint: {saved.get('last_lines')}"
+        assert saved.event, f"the job on {ranks} saved no checkpoint: {saved.last_lines}"
     yield ranks
     session.stop_job()
     session.restore_baseline()
@@ -273,7 +273,7 @@ def test_migration_baseline_against_optical_recovery(session, bench_file, runnin
     optical_s = (observe_restart(session, fault_ns).first_step_ns - fault_ns) / 1e9  # as the agents saw it
 
     session.fresh_job(running_job)
-    assert gpu_hosts[running_job[0]].wait_step(1, bench_file.waits.recovery_s)["reached"]
+    assert gpu_hosts[running_job[0]].wait_step(1, bench_file.waits.recovery_s).reached
     injector = Injector(session, seed=bench_file.recovery.fault_seed)
     controller = load_controller(session, running_job)
     if not hasattr(controller, "wait_detection"):  # the reference controller's; RecoveryController has none

@@ -131,7 +131,7 @@ def test_emulated_nccl_tests_print_the_models_numbers():
         if os.path.exists(out_file):
             os.remove(out_file)
         run = session.hosts[ranks[0]].run_nccl_tests(argv + ["-J", out_file], env=env)
-        text_result = parse(run["stdout"])
+        text_result = parse(run.stdout)
         json_result = parse(open(out_file).read())
         assert json_result.collective == "all_gather" and len(json_result.rows) == len(text_result.rows) == 3
         # all-gather sizes are whole elements per rank, as nccl-tests rounds them (3 ranks x 4 bytes)

@@ -73,20 +73,18 @@ def test_emulated_ranks_need_their_peers_and_fail_after_the_nccl_timeout():
         session.start_job(ranks, only=ranks[:1])
         started = time.monotonic()
         status = lead.wait_step(1, timeout_s + 10)
-        assert not status["reached"] and time.monotonic() - started >= timeout_s * 0.9
+        assert not status.reached and time.monotonic() - started >= timeout_s * 0.9
         assert any("DistStoreError: Timed out" in line and "1/3 clients joined" in line
-                   for line in status["last_lines"]), status["last_lines"]
+                   for line in status.last_lines), status.last_lines
         # every rank: it steps; then a follower is killed, and the others stall until the watchdog
         session.fresh_job(ranks)
-        assert lead.wait_step(2, 30)["reached"]
+        assert lead.wait_step(2, 30).reached
         session.hosts[ranks[1]].stop_job()
         killed = time.monotonic()
-        while lead.job_status()["running"] and time.monotonic() - killed < timeout_s + 10:
-            time.sleep(0.1)
-        status = lead.job_status()
-        assert not status["running"] and time.monotonic() - killed >= timeout_s * 0.9
+        status = lead.wait_step(10**9, timeout_s + 10)  # until the lead's process ends
+        assert not status.running and time.monotonic() - killed >= timeout_s * 0.9
         assert any("Watchdog caught collective operation timeout" in line and "waiting for ranks [1]" in line
-                   for line in status["last_lines"]), status["last_lines"]
+                   for line in status.last_lines), status.last_lines
 
 
 def test_emulated_ranks_stall_while_a_link_is_down_and_fail_after_the_nccl_timeout():
@@ -106,19 +104,19 @@ def test_emulated_ranks_stall_while_a_link_is_down_and_fail_after_the_nccl_timeo
         ranks = list(bench.job.ranks)
         lead = session.hosts[ranks[0]]
         session.fresh_job(ranks)
-        assert lead.wait_step(2, 30)["reached"]
+        assert lead.wait_step(2, 30).reached
         # an outage shorter than the timeout: the job steps on once the light is back
         session.switch.disconnect([circuit])
-        step = lead.job_status()["progress"]["step"]
+        step = lead.job_status().step
         time.sleep(timeout_s / 3)  # the outage's length: the stimulus, not a wait for a result
         session.switch.connect([circuit])
-        assert lead.wait_step(step + 2, timeout_s)["reached"]
+        assert lead.wait_step(step + 2, timeout_s).reached
         # one that lasts: every rank fails at the timeout, saying what it waited on (the link, or
         # a peer stalled by it: a rank that entered the step's all-reduce before the light went)
         session.switch.disconnect([circuit])
         dark = time.monotonic()
         status = lead.wait_step(10**9, timeout_s + 10)
-        assert not status["running"] and timeout_s * 0.9 <= time.monotonic() - dark <= timeout_s + 5
+        assert not status.running and timeout_s * 0.9 <= time.monotonic() - dark <= timeout_s + 5
         assert any("Watchdog caught collective operation timeout" in line and ("stalled:" in line or "waiting for "
-                   "ranks" in line) for line in status["last_lines"]), status["last_lines"]
+                   "ranks" in line) for line in status.last_lines), status.last_lines
         session.switch.connect([circuit])

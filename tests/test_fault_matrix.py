@@ -162,10 +162,10 @@ def test_agent(agent, fault):
     agent.call("fault", name=fault, value=value)
     outcome, result, elapsed = _outcome(agent.health)
     if outcome == "ok":
-        assert result and result[0]["index"] == 0, result
+        assert result and result[0].index == 0, result
     _judge("agent", fault, outcome, result, elapsed, 2 * TIMEOUT_S + 3.0, "host0")
     agent.call("clear_faults")
-    assert agent.health()[0]["index"] == 0  # the same client works again
+    assert agent.health()[0].index == 0  # the same client works again
 
 
 def test_a_bench_file_starts_an_agent_with_its_faults(tcp_bench):

@@ -43,7 +43,7 @@ def test_failed_gpu_shows_as_xid_within_milliseconds(session):
     latency_ms = (event.t_ns - truth.t_ns) / 1e6
     assert -event.uncertainty_ns / 1e6 <= latency_ms < 50, latency_ms  # a few ms; generous for a loaded CI
     health = agent.health()
-    assert health[0]["lost"] is True and "fell off the bus" in health[0]["reason"]
+    assert health[0].lost is True and health[0].reason is not None and "fell off the bus" in health[0].reason
 
 
 def test_no_xid_is_a_timeout_not_an_error(session):
@@ -60,7 +60,7 @@ def test_cut_circuit_takes_carrier_down_at_the_worlds_instant(session):
     # The agent saw it when the host told it, as netlink would: within milliseconds of the cut.
     assert -state.uncertainty_ns <= state.t_ns - cut < 20_000_000 + state.uncertainty_ns
     counters = agent.links()[1]
-    assert counters["carrier_down_count"] >= 1
+    assert counters.carrier_down_count is not None and counters.carrier_down_count >= 1
 
 
 def test_clock_mapping_places_offset_host_events_within_the_uncertainty():
@@ -128,7 +128,8 @@ def test_backend_reports_a_missing_library_as_unavailable():
 def test_ecc_double_bit_error_is_counted(session):
     session.world.fail_gpu("host0", 0, xid=48)
     health = session.hosts["host0"].health()[0]
-    assert health["ecc_uncorrected_volatile"] == 1 and health["remapped_rows"]["uncorrectable"] == 1
+    assert health.ecc_uncorrected_volatile == 1 and health.remapped_rows is not None
+    assert health.remapped_rows["uncorrectable"] == 1
 
 
 def test_agent_that_dies_is_a_clear_error_or_is_started_again_for_a_read(session):
@@ -139,7 +140,7 @@ def test_agent_that_dies_is_a_clear_error_or_is_started_again_for_a_read(session
         agent.stop_job()  # it changes the host: never sent again blindly
     agent._proc.kill()
     agent._proc.wait()
-    assert agent.health()[0]["index"] == 0 and agent.restarts == 1  # a read: started again, asked again
+    assert agent.health()[0].index == 0 and agent.restarts == 1  # a read: started again, asked again
     agent.argv = ["no-such-python", "-m", "lumion_hil.agent"]  # the host is gone for good
     agent._proc.kill()
     agent._proc.wait()
@@ -271,14 +272,14 @@ def test_an_earlier_jobs_last_output_is_not_the_next_jobs(tmp_path):
 def test_job_restart_on_a_new_rank_map(session):
     ranks = ["host0", "host1", "host2"]
     session.start_job(ranks)
-    assert session.hosts["host2"].wait_step(1, 30)["reached"]
+    assert session.hosts["host2"].wait_step(1, 30).reached
     session.stop_job()
     new_ranks = ["host0", "host3", "host2"]
     session.switch.replace_all(_ring_circuits(session.bench, new_ranks))
     session.start_job(new_ranks)
     status = session.hosts["host3"].wait_step(1, 30)
-    assert status["reached"], status
-    assert "--ranks" in status["argv"] and "host0,host3,host2" in status["argv"]
+    assert status.reached, status
+    assert status.argv is not None and "--ranks" in status.argv and "host0,host3,host2" in status.argv
 
 
 def _ring_circuits(bench, ranks):

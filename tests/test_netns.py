@@ -121,7 +121,7 @@ def _recover_with(defect: str) -> tuple:
     with BenchSession.open(bench) as session:
         ranks = list(bench.job.ranks)
         session.start_job(ranks)
-        assert session.hosts[ranks[0]].wait_step(1, 90)["reached"]
+        assert session.hosts[ranks[0]].wait_step(1, 90).reached
         controller = load_controller(session, ranks)
         controller.arm()
         fault_ns = Injector(session).inject(Fault("gpu_failure", "host1"))

@@ -34,7 +34,7 @@ def _session(text: str = TEXT, time_scale: float = 0.1):
 def _running(session):
     ranks = list(session.bench.job.ranks)
     session.start_job(ranks)
-    assert session.hosts[ranks[0]].wait_step(1, 60)["reached"]
+    assert session.hosts[ranks[0]].wait_step(1, 60).reached
     return ranks
 
 

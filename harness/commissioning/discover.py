@@ -30,6 +30,7 @@ from lumion_hil.harness.config_topology import Host, HostEmulation, Topology
 from lumion_hil.harness.errors import HarnessError
 from lumion_hil.instruments import registry
 from lumion_hil.instruments.gpu_host.client import AgentClient, local_agent_argv, ssh_agent_argv
+from lumion_hil.instruments.gpu_host.replies import GpuDevice, LinkState
 from lumion_hil.instruments.identify import Found, identify, list_resources
 
 # Receiver sensitivity by line rate, for the draft's limit (each an assumption to replace).
@@ -56,8 +57,8 @@ class HostReading:
     name: str
     address: str
     python: str
-    interfaces: list[dict] = field(default_factory=list)  # the agent's links: interface, carrier, speed_mbps
-    gpus: list[dict] = field(default_factory=list)  # NVML's devices
+    interfaces: list[LinkState] = field(default_factory=list)  # the agent's links
+    gpus: list[GpuDevice] = field(default_factory=list)  # NVML's devices
     nvml: dict = field(default_factory=dict)
     problem: str | None = None
 
@@ -95,7 +96,7 @@ def probe_host(name: str, address: str, python: str = "python3", timeout_s: floa
         return reading
     try:
         reading.nvml = client.hello.get("nvml", {})
-        reading.interfaces = [s for s in client.links() if s["interface"] != "lo"]
+        reading.interfaces = [s for s in client.links() if s.interface != "lo"]
         if reading.nvml.get("available"):
             reading.gpus = client.devices()
     except Exception as exc:
@@ -148,12 +149,12 @@ def discover(resources: list[str], hosts: list[str], *, scan: bool = True, pytho
         host_name, address = host_spec(spec)
         reading = probe_host(host_name, address, python)
         log(f"{host_name} ({address}): " + (reading.problem or f"{len(reading.gpus)} GPU(s), interfaces "
-                                            + ", ".join(s["interface"] for s in reading.interfaces)))
+                                            + ", ".join(s.interface for s in reading.interfaces)))
         found_hosts.append(reading)
     disc = Discovery(found, found_hosts, switches[0] if switches else None,
                      [f for f in usable if f.kind == "power_meter"], names)
     for reading in found_hosts:
-        reading.interfaces = [s for s in reading.interfaces if fnmatch.fnmatch(s["interface"], interfaces)]
+        reading.interfaces = [s for s in reading.interfaces if fnmatch.fnmatch(s.interface, interfaces)]
     if disc.switch is None:
         raise DiscoveryError("no optical switch answered at the addresses given"
                              + (" or among those pyvisa-py lists" if scan else "")
@@ -169,7 +170,7 @@ def _walk(disc: Discovery, protected: Sequence[int], name: str, log) -> None:
     from lumion_hil.harness.session import BenchSession
 
     prelim = Bench.model_validate(plain(_structure(disc, protected, name, placeholders=True)))
-    nics = [WalkedNic(h.name, s["interface"], s["interface"]) for h in disc.hosts if not h.problem
+    nics = [WalkedNic(h.name, s.interface, s.interface) for h in disc.hosts if not h.problem
             for s in h.interfaces]
     session = BenchSession.open(prelim, restore=False)
     known = False  # until the switch has been read, closing must not "restore" it to nothing
@@ -213,17 +214,17 @@ def _structure(disc: Discovery, protected: Sequence[int], name: str, placeholder
             continue
         nics: list[dict[str, Any] | Noted] = []
         for s in h.interfaces:
-            key = f"{h.name}.{s['interface']}"
+            key = f"{h.name}.{s.interface}"
             found_rx = fibres.receivers.get(key) if fibres else None
-            rate = s.get("speed_mbps") or (found_rx.speed_mbps if found_rx else None)
-            rate_gbps = rate / 1000 if rate else 10
+            speed = s.speed_mbps or (found_rx.speed_mbps if found_rx else None)
+            rate_gbps = speed / 1000 if speed else 10
             ranks_rates.append(rate_gbps)
             if placeholders:
                 k = len([n for hh in hosts for n in hh["nics"]]) + len(nics)
                 if k >= min(n_in, n_out):
                     raise DiscoveryError(f"more interfaces than the switch has ports ({n_in}x{n_out}): name the "
                                          "optical ones with --interfaces PATTERN")
-                nics.append({"name": s["interface"], "rate_gbps": rate_gbps, "launch_dbm": 0.0,
+                nics.append({"name": s.interface, "rate_gbps": rate_gbps, "launch_dbm": 0.0,
                              "tx_port": 1 + k, "rx_port": n_in + 1 + k})
                 continue
             if fibres is None:
@@ -237,14 +238,14 @@ def _structure(disc: Discovery, protected: Sequence[int], name: str, placeholder
                                      "its light at the switch input: the draft has no launch_dbm to give it")
             how = (f"measured: transmits into port {tx.port}, receives from port {rx.port} (carrier "
                    f"{rx.carrier_after_s * 1e3:.0f} ms after light), {tx.input_dbm:.2f} dBm at the switch input; "
-                   + ("read: rate_gbps (the kernel's link speed, once up); " if rate else "assumption: rate_gbps 10; ")
+                   + ("read: rate_gbps (the kernel's link speed, once up); " if speed else "assumption: rate_gbps 10; ")
                    + "assumption: fibre losses 0 (launch_dbm is the light at the switch input)")
-            nics.append(Noted({"name": s["interface"], "rate_gbps": rate_gbps, "launch_dbm": round(tx.input_dbm, 2),
+            nics.append(Noted({"name": s.interface, "rate_gbps": rate_gbps, "launch_dbm": round(tx.input_dbm, 2),
                                "tx_port": tx.port, "rx_port": rx.port, "tx_fibre_loss_db": 0.0,
                                "rx_fibre_loss_db": 0.0}, how))
         if not nics:
             continue
-        gpus = [Noted({"index": g["index"], "model": g.get("name", "unknown"), "role": "active"},
+        gpus = [Noted({"index": g.index, "model": g.name or "unknown", "role": "active"},
                       "read: NVML; assumption: role") for g in h.gpus] or \
                [Noted({"index": 0, "model": "unknown", "role": "active"}, f"assumption: NVML said "
                       f"{h.nvml.get('reason', 'nothing')}")]

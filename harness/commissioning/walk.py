@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+
+from lumion_hil.instruments.gpu_host.replies import LinkState
 from typing import Callable
 
 from lumion_hil.harness.errors import HarnessError
@@ -95,8 +97,8 @@ def dbm_or_dark(value) -> float:
     return value if isinstance(value, float) and math.isfinite(value) else DARK_DBM
 
 
-def _is_up(state: dict) -> bool:
-    return state.get("carrier") == 1 and state.get("operstate") in ("up", "unknown")
+def _is_up(state: LinkState | None) -> bool:
+    return state is not None and state.up
 
 
 class _Walk:
@@ -125,11 +127,11 @@ class _Walk:
         return {(name, ch): dbm_or_dark(meter.read_dbm(ch)) for name, meter in self.session.meters.items()
                 for ch in range(1, meter.channels + 1)}
 
-    def links(self, nics: list[WalkedNic]) -> dict[str, dict]:
+    def links(self, nics: list[WalkedNic]) -> dict[str, LinkState]:
         """The link of each NIC, as its host's agent sees it now (one request a host)."""
         out = {}
         for host in sorted({n.host for n in nics}):
-            states = {s["interface"]: s for s in self.session.hosts[host].links()}
+            states = {s.interface: s for s in self.session.hosts[host].links()}
             for n in nics:
                 if n.host == host and n.interface in states:
                     out[n.key] = states[n.interface]
@@ -348,11 +350,11 @@ class _Walk:
         deadline = time.monotonic() + within_s
         while True:
             states = self.links(unknown)
-            up = [n for n in unknown if _is_up(states.get(n.key, {}))]
+            up = [n for n in unknown if _is_up(states.get(n.key))]
             if up:
                 nic = up[0]
-                seen = states[nic.key].get("t_ns") or time.perf_counter_ns()
-                return nic, max(0.0, (seen - since_ns) / 1e9), states[nic.key].get("speed_mbps")
+                seen = states[nic.key].t_ns or time.perf_counter_ns()
+                return nic, max(0.0, (seen - since_ns) / 1e9), states[nic.key].speed_mbps
             if time.monotonic() > deadline:
                 return None
             time.sleep(POLL_S)

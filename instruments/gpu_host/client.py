@@ -13,7 +13,8 @@ from typing import IO, overload
 
 from lumion_hil.instruments import transcript
 from lumion_hil.instruments.gpu_host import wire
-from lumion_hil.instruments.gpu_host.replies import LinkWait, TransmitterSet, XidEvent
+from lumion_hil.instruments.gpu_host.replies import (EventWait, GpuDevice, GpuHealth, JobStarted, JobStatus, LinkState,
+                                                     LinkWait, NcclRun, StepWait, TransmitterSet, XidEvent)
 from lumion_hil.instruments.protocols import (ClockMapping, GpuHost, InstrumentError, InstrumentIOError,
                                               TransmitterControl)
 
@@ -277,18 +278,18 @@ class AgentClient(GpuHost, TransmitterControl):
 
     # -- GpuHost --------------------------------------------------------------------------------
 
-    def devices(self) -> list[dict]:
-        return self.call("devices")
+    def devices(self) -> list[GpuDevice]:
+        return [GpuDevice.from_json(d) for d in self.call("devices")]
 
-    def health(self) -> list[dict]:
-        return self.call("health")
+    def health(self) -> list[GpuHealth]:
+        return [GpuHealth.from_json(h) for h in self.call("health")]
 
     def wait_xid(self, timeout_s: float) -> XidEvent | None:
         event = self._mapped(self.call("wait_xid", timeout_s + self.timeout_s, timeout_s=timeout_s), "t_ns")
         return None if event is None else XidEvent.from_json(event)
 
-    def links(self) -> list[dict]:
-        return [self._mapped(s, "t_ns", "since_ns") for s in self.call("links")]
+    def links(self) -> list[LinkState]:
+        return [LinkState.from_json(self._mapped(s, "t_ns")) for s in self.call("links")]
 
     def wait_link(self, interface: str, up: bool, timeout_s: float) -> LinkWait:
         state = self.call("wait_link", timeout_s + self.timeout_s, interface=interface, up=up, timeout_s=timeout_s)
@@ -299,25 +300,27 @@ class AgentClient(GpuHost, TransmitterControl):
         The agent turns any it left off on again when its session ends."""
         return TransmitterSet.from_json(self._mapped(self.call("transmitter", interface=interface, on=bool(on)), "t_ns"))
 
-    def start_job(self, command: list[str], fields: dict, env: dict | None = None) -> dict:
-        return self._mapped(self.call("job_start", command=command, fields=fields, env=env or {}), "started_ns")
+    def start_job(self, command: list[str], fields: dict, env: dict | None = None) -> JobStarted:
+        return JobStarted.from_json(self._mapped(self.call("job_start", command=command, fields=fields, env=env or {}),
+                                                 "started_ns"))
 
-    def stop_job(self, timeout_s: float = 10.0) -> dict:
-        """Stop the job (SIGTERM to its process group, SIGKILL after ``timeout_s``)."""
-        return self.call("job_stop", timeout_s + self.timeout_s, timeout_s=timeout_s)
+    def stop_job(self, timeout_s: float = 10.0) -> JobStatus:
+        """Stop the job (SIGTERM to its process group, SIGKILL after ``timeout_s``): its status then."""
+        return JobStatus.from_json(self._job_clock(self.call("job_stop", timeout_s + self.timeout_s, timeout_s=timeout_s)))
 
-    def job_status(self) -> dict:
+    def job_status(self) -> JobStatus:
         """The job as its agent sees it; instants (started_ns, exit_ns, progress) on the harness clock."""
-        status = self._mapped(self.call("job_status"), "started_ns", "exit_ns")
-        progress = status.get("progress", {})
-        for key in ("t_ns", "claimed_ns"):
-            if progress.get(key) is not None:
-                progress[key] = self.clock.to_harness(progress[key])
-        return status
+        return JobStatus.from_json(self._job_clock(self.call("job_status")))
 
-    def wait_step(self, step: int, timeout_s: float) -> dict:
+    def wait_step(self, step: int, timeout_s: float) -> StepWait:
+        """Until the job reports ``step``, its process ends, or ``timeout_s`` passes."""
         status = self.call("job_wait_step", timeout_s + self.timeout_s, step=step, timeout_s=timeout_s)
-        progress = status.get("progress", {})
+        return StepWait.from_json(self._job_clock(status))
+
+    def _job_clock(self, status: dict) -> dict:
+        """A job status's instants, its progress's too, on the harness clock."""
+        status = self._mapped(status, "started_ns", "exit_ns")
+        progress = status.get("progress") or {}
         for key in ("t_ns", "claimed_ns"):
             if progress.get(key) is not None:
                 progress[key] = self.clock.to_harness(progress[key])
@@ -338,21 +341,20 @@ class AgentClient(GpuHost, TransmitterControl):
             out.append(found)
         return out
 
-    def wait_job_event(self, event: str, timeout_s: float) -> dict:
+    def wait_job_event(self, event: str, timeout_s: float) -> EventWait:
         """The job's first ``event`` of this run (``nccl_init``, ``collective``), its ``t_ns`` on
         the harness clock as the agent saw it; ``event`` is None if it did not come."""
         status = self.call("job_wait_event", timeout_s + self.timeout_s, event=event, timeout_s=timeout_s)
         if status.get("event"):
             status["event"]["t_ns"] = self.clock.to_harness(status["event"]["t_ns"])
             status["event"]["uncertainty_ns"] = self.clock.uncertainty_ns
-        return status
+        return EventWait.from_json(status)
 
-    def run_nccl_tests(self, argv: list[str], timeout_s: float = 600.0, env: dict | None = None) -> dict:
-        """Run nccl-tests on the host: {returncode, stdout, stderr, started_ns, ended_ns}
+    def run_nccl_tests(self, argv: list[str], timeout_s: float = 600.0, env: dict | None = None) -> NcclRun:
+        """Run nccl-tests on the host: its exit status and output, when it started and ended
         (the instants on the harness clock)."""
         out = self.call("nccl_run", timeout_s + self.timeout_s, argv=argv, timeout_s=timeout_s, env=env or {})
-        out["started_ns"], out["ended_ns"] = (self.clock.to_harness(out[k]) for k in ("started_ns", "ended_ns"))
-        return out
+        return NcclRun.from_json(self._mapped(out, "started_ns", "ended_ns"))
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Ask the agent to leave (it stops its job); kill it after ``timeout_s``."""
