@@ -13,10 +13,7 @@ def open_driver(name: str, spec: SwitchInstrument | MeterInstrument, resource: s
     registry entry (instruments/registry.py) names the driver, how it is reached and which of
     the bench entry's settings it takes. SCPI instruments start with their error queue cleared
     (``*CLS``); meters are set to the bench's wavelength on every channel."""
-    try:
-        entry = registry.model(spec.model)
-    except registry.UnknownModel:
-        raise ValueError(f"{name}: no driver for model {spec.model!r}") from None
+    entry = registry.model(spec.model, instrument=name)
     driver = entry.driver_class()
     if entry.transport is registry.Transport.SERIAL:
         assert isinstance(spec, SwitchInstrument)  # the bench file's validation: a serial model is a switch

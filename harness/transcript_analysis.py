@@ -30,14 +30,6 @@ _DISC_ALL = re.compile(r":?OXC:SWIT(CH)?:DISC(ONNECT)?:ALL\b", re.IGNORECASE)
 _PMON = re.compile(r":?PMON(ITOR)?:POW(ER)?\?\s*\(@([\d,\s]+)\)", re.IGNORECASE)
 
 
-def _entry(model: str | None) -> registry.InstrumentModel | None:
-    """A model's registry entry: how its transcript reads (None for one not registered here)."""
-    try:
-        return registry.model(model) if model else None
-    except registry.UnknownModel:
-        return None
-
-
 def _ports(text: str) -> list[int]:
     out: list[int] = []
     for part in text.split(","):
@@ -124,7 +116,8 @@ def analyse(bench, entries: list[dict]) -> Analysis:
     jobs: list[_JobStart] = []  # every job start, its ranks' process starts on the harness's clock
     last_step: dict[str, tuple] = {}  # host -> (step waited for, when it came)
     nic_of = {(h.name, (n.interface or n.name)): n for h in bench.topology.hosts for n in h.nics}
-    registered = {name: _entry(spec.model) for name, spec in bench.instruments.items()}
+    # how each instrument's transcript reads: its model's registry entry (None: not registered here)
+    registered = {name: registry.find(spec.model) for name, spec in bench.instruments.items()}
     switch_entry = registered.get(switch_name)
     switch_moves = switch_entry.switch_moves if switch_entry else None
 

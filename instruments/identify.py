@@ -33,10 +33,8 @@ class Found:
 
     @property
     def kind(self) -> registry.Kind | None:
-        try:
-            return registry.model(self.model).kind if self.model else None
-        except registry.UnknownModel:
-            return None
+        entry = registry.find(self.model)
+        return entry.kind if entry else None
 
 
 def model_of(identity: Identity) -> str | None:

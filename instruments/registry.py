@@ -179,12 +179,19 @@ def names(kind: Kind | None = None) -> tuple[str, ...]:
     return tuple(m.name for m in models(kind))
 
 
-def model(name: str) -> InstrumentModel:
-    """The model registered as ``name``; :class:`UnknownModel` names the known ones."""
+def model(name: str, *, instrument: str | None = None) -> InstrumentModel:
+    """The model registered as ``name``; :class:`UnknownModel` names the known ones (and the
+    bench's ``instrument`` that asked, where one did)."""
     found = _registered().get(name)
     if found is None:
-        raise UnknownModel(f"unknown instrument model {name!r}; known: {', '.join(_registered())}")
+        asker = f"{instrument}: " if instrument else ""
+        raise UnknownModel(f"{asker}unknown instrument model {name!r}; known: {', '.join(_registered())}")
     return found
+
+
+def find(name: str | None) -> InstrumentModel | None:
+    """The model registered as ``name``, or None (no name, or none registered by it)."""
+    return _registered().get(name) if name else None
 
 
 def refresh() -> None:

@@ -100,10 +100,7 @@ class EmulatedBench(BenchBackend):
         meter's emulator is given the bench too: its detectors say where its light comes from."""
         from lumion_hil.instruments.emulators.scpi_transports import PtyLineServer, TcpScpiServer
 
-        try:
-            entry = registry.model(spec.model)
-        except registry.UnknownModel:
-            raise ValueError(f"{name}: no emulator for model {spec.model!r}") from None
+        entry = registry.model(spec.model, instrument=name)
         emulator = entry.emulator_class()
         if entry.kind is registry.Kind.POWER_METER:
             device = emulator(name, spec, self.world, self.bench, seed=seed)

@@ -99,11 +99,8 @@ class Manual(_Model):
 def manual_path(model: str) -> Path:
     """Where a model's manual is: as its registry entry says (a plug-in's travels with it), else
     ``manuals/<model>.yaml`` here."""
-    try:
-        path = registry.model(model).manual_path()
-    except registry.UnknownModel:
-        path = None
-    return path or MANUALS / f"{model}.yaml"
+    entry = registry.find(model)
+    return (entry.manual_path() if entry else None) or MANUALS / f"{model}.yaml"
 
 
 def load(model: str) -> Manual:
