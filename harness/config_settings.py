@@ -4,15 +4,7 @@ nccl-tests, the namespaced bench, recovery and emulator settings."""
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import (
-    Field,
-    NonNegativeFloat,
-    NonNegativeInt,
-    PositiveFloat,
-    PositiveInt,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from lumion_hil.harness import timescale
 from lumion_hil.harness.config_base import Model, Sourced

@@ -3,15 +3,7 @@ detectors that watch the switch's ports."""
 
 from typing import Annotated, Literal
 
-from pydantic import (
-    Field,
-    NonNegativeFloat,
-    NonNegativeInt,
-    PositiveFloat,
-    PositiveInt,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from lumion_hil.harness.config_base import EMULATED, Model, agent_faults
 

@@ -238,6 +238,17 @@ class Replayer:
             ended_ns[index] = time.perf_counter_ns()
             finished.set()
 
+    def _line(self, query: Callable[[str], Any], write: Callable[[str], Any], command: str, index: int) -> Any:
+        """A recorded line sent again: a query's reply (polled on where the recording's loop
+        polled, see _poll_until), or None for a set command."""
+        if "?" not in command:
+            write(command)
+            return None
+        reply = query(command)
+        if index in self.poll_exits:
+            reply = self._poll_until(lambda: query(command), index, reply)
+        return reply
+
     def _poll_until(self, ask: Callable[[], Any], index: int, reply: Any) -> Any:
         """The last poll of a recorded loop, asked again (at the loop's own pace) until the
         replayed bench gives the reply that ended the loop there, or POLL_EXIT_WITHIN_S passes
@@ -268,30 +279,16 @@ class Replayer:
             elif kind == "heal":
                 if self.backend.world is not None:
                     self.backend.world.heal()
-            elif kind == "scpi":
-                session = self._channels[entry["name"]]
+            elif kind in ("scpi", "serial"):
+                channel = self._channels[entry["name"]]
                 command = entry["command"]
                 out["command"] = command
-                if isinstance(entry.get("reply"), list):
-                    out["reply"] = session.query_binary_floats(command)
-                elif "?" in command:
-                    out["reply"] = session.query(command)
-                    if index in self.poll_exits:
-                        out["reply"] = self._poll_until(lambda: session.query(command), index, out["reply"])
-                else:
-                    session.write(command)
-                    out["reply"] = None
-            elif kind == "serial":
-                switch = self._channels[entry["name"]]
-                command = entry["command"]
-                out["command"] = command
-                if "?" in command:
-                    out["reply"] = switch._query(command)
-                    if index in self.poll_exits:
-                        out["reply"] = self._poll_until(lambda: switch._query(command), index, out["reply"])
-                else:
-                    switch._write(command)
-                    out["reply"] = None
+                if kind == "scpi" and isinstance(entry.get("reply"), list):
+                    out["reply"] = channel.query_binary_floats(command)
+                elif kind == "scpi":
+                    out["reply"] = self._line(channel.query, channel.write, command, index)
+                else:  # a serial switch's driver: its own line exchange
+                    out["reply"] = self._line(channel._query, channel._write, command, index)
             elif kind == "agent":
                 client = self._channels[entry["name"]]
                 params = _mapped(entry.get("params") or {}, self.mapping)
