@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import query_scpi
-from dialogue import expect_dialogue, on_the_wire
+from dialogue import expect_dialogue, on_the_emulator, on_the_wire
 from lumion_hil.harness.binding import open_driver
 from lumion_hil.harness.limits import dark_after_disconnect, received_power
 from lumion_hil.instruments.keysight_n77xx import KeysightN77xx
@@ -241,28 +241,8 @@ def test_n77xx_a_logging_result_short_of_samples_is_an_error():
 # the dialogue's commands and, where the instrument's answer is fixed, its replies.
 
 
-@pytest.fixture
-def pm_usb(emulated):
-    meter = pm100_at(emulated.resources["pm-usb"])
-    yield meter
-    meter.close()
-
-
-@pytest.fixture
-def pm_usb_wire(emulated):
-    return emulated.servers["pm-usb"].wire_log
-
-
-@pytest.fixture
-def pm_lab(emulated):
-    meter = n77xx_at(emulated.resources["pm-lab"])
-    yield meter
-    meter.close()
-
-
-@pytest.fixture
-def pm_lab_wire(emulated):
-    return emulated.servers["pm-lab"].wire_log
+pm_usb, pm_usb_wire = on_the_emulator("pm-usb", pm100_at, driver="pm_usb", wire="pm_usb_wire")
+pm_lab, pm_lab_wire = on_the_emulator("pm-lab", n77xx_at, driver="pm_lab", wire="pm_lab_wire")
 
 
 def test_emulator_pm100_identify(pm_usb, pm_usb_wire):

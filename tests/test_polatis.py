@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from dialogue import expect_dialogue, on_the_wire
+from dialogue import expect_dialogue, on_the_emulator, on_the_wire
 from lumion_hil.instruments.polatis import PolatisSwitch
 from lumion_hil.instruments.protocols import Identity, InstrumentError, InstrumentIOError, PortState
 from lumion_hil.instruments.visa import VisaSession, open_resource
@@ -218,16 +218,7 @@ def test_a_dead_switch_is_a_clear_error_when_opened():
 # shares a mistake with the driver fails here.
 
 
-@pytest.fixture
-def ocs(emulated):
-    switch = polatis_at(emulated.resources["ocs"])
-    yield switch
-    switch.close()
-
-
-@pytest.fixture
-def wire(emulated):
-    return emulated.servers["ocs"].wire_log
+ocs, wire = on_the_emulator("ocs", polatis_at, driver="ocs", wire="wire")
 
 
 def test_emulator_identify(ocs, wire):
