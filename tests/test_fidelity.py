@@ -97,6 +97,25 @@ def _fidelity(recording: Path, bench: Path, report: Path) -> tuple[subprocess.Co
     return done, json.loads(report.read_text())
 
 
+def test_a_serial_switchs_recording_replays_every_line_with_the_same_replies(tmp_path):
+    """The replayer sends a serial switch's lines through its driver as it sends SCPI through a
+    VISA session: a recording of the serial bench's circuit setup, replayed against the same
+    bench, gets every exchange through and the recorded reply to every line. Timing is not
+    judged. Red with queries sent as set commands (no reply, no error): 429 replies differ,
+    where a reply missing near a switch command once passed as a matter of timing."""
+    bench = BENCHES / "emulated-serial.yaml"
+    done = _cli("run", "--bench", str(bench), "--time-scale", str(SCALE), "--results", str(tmp_path / "run"),
+                "--no-report", "-q", "-k", "circuit_setup", "--record")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    recording = next((tmp_path / "run" / "records").glob("transcript-*.jsonl"))
+    _, entries = transcript.read(recording)
+    serial_lines = [e for e in entries if e["type"] == "serial"]
+    assert len(serial_lines) > 100 and any("?" in e["command"] for e in serial_lines)
+    _, report = _fidelity(recording, bench, tmp_path / "fidelity.json")
+    assert report["exchanges"] == len([e for e in entries if e["type"] in ("scpi", "serial", "agent")])
+    assert report["replies_differing"] == [] and report["identity_replies_differing"] == 0
+
+
 @pytest.mark.alone  # timing judged against a recording
 def test_the_mystery_lab_is_named_by_fidelity_and_matched_by_its_twin(tmp_path):
     """A lab whose physics calibrate is not told, partly of kinds it cannot fit, recorded twice
