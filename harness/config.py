@@ -108,6 +108,13 @@ class Bench(Model):
     def detectors_for_port(self, port: int) -> list[Detector]:
         return [d for d in self.detectors if d.port == port]
 
+    def reading_noise_db(self, detector: Detector) -> float:
+        """The spread (standard deviation, dB) of one detector's readings of an unchanged light:
+        its instrument's ``emulation`` section (the emulator's, or what ``lumion-hil calibrate``
+        measured on the real instrument: a switch's monitors, a meter's channels)."""
+        emulation = self.instruments[detector.instrument].emulation
+        return emulation.monitor_noise_db if detector.instrument == self.topology.switch else emulation.noise_db
+
     def at_receiver_dbm(self, egress: int, port_dbm):
         """The light at the receiver fed by switch egress ``egress``, from the power read at that
         port: less the receive fibre of the NIC there (none: the port's own). A reading that is

@@ -6,6 +6,7 @@ a story read from a file (``lumion-hil replay``).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,16 @@ from lumion_hil.harness.recovery import NotRestarted, rank_map, recover_from
 from lumion_hil.harness.stories import NIC_KINDS, REPLACING, Step, Story, StoryError
 from lumion_hil.instruments import transcript
 from lumion_hil.instruments.backend import FaultKind
+
+# How close to a boundary (sensitivity + margin, the sensitivity) a fade may leave a light: six
+# standard deviations of its detector's readings. A light that far off is read on the wrong side
+# with probability 1e-9 per reading, so neither the controller's watcher nor a promise is decided
+# by noise (one reading each, thousands a run); a fade chosen by fade_into lands two guards off,
+# so a second reading (the oracle's, before the fade) disagrees with the first by a guard only
+# with probability 3e-5. At least 0.05 dB where the noise is (said to be) nothing: readings
+# are rounded.
+LIGHT_GUARD_SIGMAS = 6.0
+LIGHT_GUARD_MIN_DB = 0.05
 
 
 @dataclass
@@ -233,6 +244,7 @@ class Explorer(PromiseChecks):
         key = (step.host, step.nic)
         total = self.model.fading.get(key, 0.0) + step.by_db
         now = self.light_at_receiver(step.host, step.nic)  # read before the fade: the oracle's measurement
+        floor, sensitivity = self.bench.limits.light_floor_dbm, self.bench.limits.receiver_sensitivity_dbm.value
         if now is None:
             nic = next(n for n in self.bench.host(step.host).nics if n.name == step.nic)
             receiver = self.session.switch.connections().get(nic.tx_port)
@@ -240,15 +252,24 @@ class Explorer(PromiseChecks):
                 # A receiver no detector sees: what the fade does to its link (margin, or dark) is
                 # unknown to the oracle, so no promise could be judged after it: not made.
                 return f"not made: no detector sees its receiver at port {receiver}"
+        else:
+            guard = self.light_guard_db(step.host, step.nic)
+            landing = now - step.by_db
+            near = [(name, b) for name, b in (("the floor", floor), ("the sensitivity", sensitivity))
+                    if abs(landing - b) < guard]
+            if near:
+                # Which side it lands on would be the readings' noise's to say (the controller's
+                # watcher and the promise each read it once): no verdict on it could be trusted.
+                name, boundary = near[0]
+                return (f"not made: it would leave {landing:.2f} dBm at the receiver, within {guard:.2f} dB of "
+                        f"{name} ({boundary:g} dBm), where one reading's noise decides which side it is on")
         self.model.fading[key] = total
         fault = Fault("transceiver_degradation", step.host, step.nic, loss_db=total)
-        floor = self.bench.limits.light_floor_dbm
         if now is None or now - step.by_db >= floor:
             self.injector.inject(fault)
             return f"faded to -{total:g} dB, still above the margin" if now is not None else \
                 f"faded to -{total:g} dB, into no receiver"
-        self._reached("fade into the margin zone" if now - step.by_db >= self.bench.limits.receiver_sensitivity_dbm.value
-                      else "fade into the dark")
+        self._reached("fade into the margin zone" if now - step.by_db >= sensitivity else "fade into the dark")
         usable = len(self.usable_spares())
         self._note(fault)
         result = self._recover(lambda: self.injector.inject(fault), step)
@@ -259,31 +280,55 @@ class Explorer(PromiseChecks):
             self.model.faults[step.host].remove(fault)
         return f"faded to -{total:g} dB: {result.status}: {result.reason}"
 
-    def light_at_receiver(self, host: str, nic_name: str) -> float | None:
-        """The light this NIC's transmitter puts on its receiver now, as the receiver's detector
-        reads it (a meter or the switch's monitor): None where no circuit carries it or no
-        detector sees that receiver. Never computed from the bench's settings."""
+    def _receiver_detector(self, host: str, nic_name: str):
+        """The detector that sees the receiver this NIC's transmitter feeds now (None where no
+        circuit carries it or no detector sees that receiver)."""
         nic = next(n for n in self.bench.host(host).nics if n.name == nic_name)
         receiver_port = self.session.switch.connections().get(nic.tx_port)
         if receiver_port is None:
             return None
-        det = next(iter(self.bench.detectors_for_port(receiver_port)), None)
+        return next(iter(self.bench.detectors_for_port(receiver_port)), None)
+
+    def light_at_receiver(self, host: str, nic_name: str) -> float | None:
+        """The light this NIC's transmitter puts on its receiver now, as the receiver's detector
+        reads it (a meter or the switch's monitor): None where no circuit carries it or no
+        detector sees that receiver. Never computed from the bench's settings."""
+        det = self._receiver_detector(host, nic_name)
         if det is None:
             return None
         reading = self.session.received_dbm(det)
         return reading if isinstance(reading, float) else None
 
+    def light_guard_db(self, host: str, nic_name: str) -> float:
+        """How close to a boundary (the floor, the sensitivity) a fade of this NIC may leave its
+        light: ``LIGHT_GUARD_SIGMAS`` standard deviations of its receiver's detector's readings
+        (``Bench.reading_noise_db``), and never under ``LIGHT_GUARD_MIN_DB``."""
+        det = self._receiver_detector(host, nic_name)
+        sigma = self.bench.reading_noise_db(det) if det is not None else 0.0
+        return max(LIGHT_GUARD_MIN_DB, LIGHT_GUARD_SIGMAS * sigma)
+
     def fade_into(self, host: str, nic_name: str, zone: str) -> float:
-        """The fade (dB) that takes this NIC's light, as its receiver's detector reads it now, into
-        ``zone``: "above" the margin, the "margin" zone (below sensitivity + margin, above
-        sensitivity: the margin watcher's to catch before the link drops), or the "dark" below
-        sensitivity. Without a reading: the fixed steps 2, 4 and 10 dB."""
+        """The fade (dB, a multiple of 0.1) that takes this NIC's light, as its receiver's
+        detector reads it now, into ``zone``: "above" the margin, the "margin" zone (below
+        sensitivity + margin, above sensitivity: the margin watcher's to catch before the link
+        drops), or the "dark" below sensitivity. It never leaves the light within two light
+        guards of a boundary (:meth:`light_guard_db`): a fade that would (a walk of small fades
+        reaching the floor, say) goes on past it. Without a reading: the fixed 2, 4 and 10 dB."""
         now = self.light_at_receiver(host, nic_name)
         if now is None:
             return {"above": 2.0, "margin": 4.0, "dark": 10.0}[zone]
         floor, sensitivity = self.bench.limits.light_floor_dbm, self.bench.limits.receiver_sensitivity_dbm.value
         target = {"above": floor + 1.0, "margin": (floor + sensitivity) / 2, "dark": sensitivity - 3.0}[zone]
-        return round(max(0.5, now - target), 1)
+        clear = 2 * self.light_guard_db(host, nic_name)
+
+        def tenths(db: float) -> float:  # up to the next 0.1 dB: a fade only ever goes deeper
+            return math.ceil(round(db * 10, 6)) / 10
+
+        fade = tenths(max(0.5, now - target))
+        for boundary in (floor, sensitivity):  # the floor lies above the sensitivity: crossed first
+            if abs(now - fade - boundary) < clear:
+                fade = tenths(now - boundary + clear)
+        return fade
 
     def _repair(self, host: str) -> str:
         self.model.suspects.discard(host)
