@@ -143,14 +143,15 @@ class NcclTests(Model):
                       "emulated ones")
     launcher: list[str] = Field(default=[], description="argv before the binary, e.g. [mpirun, -np, '{world_size}', "
                                 "-H, '{hosts}']; {world_size} and {hosts} are filled in. Empty: the binary alone")
-    min_bytes: PositiveInt = 8
-    max_bytes: PositiveInt = 134217728
-    step_factor: PositiveInt = 2
-    iters: PositiveInt = 5
-    warmup_iters: NonNegativeInt = 1
+    min_bytes: PositiveInt = Field(default=8, description="-b: the smallest message, bytes")
+    max_bytes: PositiveInt = Field(default=134217728, description="-e: the largest message, bytes")
+    step_factor: PositiveInt = Field(default=2, description="-f: each message this many times the last")
+    iters: PositiveInt = Field(default=5, description="-n: timed iterations a size")
+    warmup_iters: NonNegativeInt = Field(default=1, description="-w: untimed iterations a size before them")
     check: NonNegativeInt = Field(default=1, description="-c: iterations whose results are checked (0: none, #wrong "
                                   "is N/A)")
-    timeout_s: PositiveFloat = 300.0
+    timeout_s: PositiveFloat = Field(default=300.0, description="how long one run of a binary may take, all its "
+                                     "sizes, in seconds")
 
 
 class NetnsSettings(Model):
