@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError
 from pydantic_core import ErrorDetails
 
 from lumion_hil.harness.config_base import Model
-from lumion_hil.harness.config_instruments import Instrument, SwitchInstrument
+from lumion_hil.harness.config_instruments import Instrument, SwitchEmulation, SwitchInstrument
 from lumion_hil.harness.config_settings import (
     CollectiveSettings,
     Deadlines,
@@ -113,7 +113,7 @@ class Bench(Model):
         its instrument's ``emulation`` section (the emulator's, or what ``lumion-hil calibrate``
         measured on the real instrument: a switch's monitors, a meter's channels)."""
         emulation = self.instruments[detector.instrument].emulation
-        return emulation.monitor_noise_db if detector.instrument == self.topology.switch else emulation.noise_db
+        return emulation.monitor_noise_db if isinstance(emulation, SwitchEmulation) else emulation.noise_db
 
     def at_receiver_dbm(self, egress: int, port_dbm):
         """The light at the receiver fed by switch egress ``egress``, from the power read at that
