@@ -324,3 +324,51 @@ def test_ssh_agent_command_is_a_list():
     assert ssh_agent_argv("lab@gpu-a", "/opt/venv/bin/python") == [
         "ssh", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "lab@gpu-a",
         "/opt/venv/bin/python", "-m", "lumion_hil.agent"]
+
+
+# An agent's session that ends as ssh's does when the far end kills it: its output ends at once,
+# and its process lingers a moment, stdin still open. Its first run serves through a real agent;
+# a later one (the session started again) is the agent itself.
+LINGERING_SESSION = r"""
+import os, subprocess, sys, threading, time
+first, drop = sys.argv[1], sys.argv[2]
+if os.path.exists(first):
+    os.execv(sys.executable, [sys.executable, "-m", "lumion_hil.agent"])
+open(first, "w").close()
+agent = subprocess.Popen([sys.executable, "-m", "lumion_hil.agent"], stdout=subprocess.PIPE)
+
+def copy():
+    for line in agent.stdout:
+        try:
+            os.write(1, line)
+        except OSError:
+            return
+
+threading.Thread(target=copy, daemon=True).start()
+while not os.path.exists(drop):
+    time.sleep(0.01)
+agent.kill()
+os.close(1)
+time.sleep(5)
+"""
+
+
+def test_a_call_after_the_agents_output_ended_starts_its_session_again_at_once(tmp_path):
+    """The namespaced bench's ssh drop, beside a busy core (perf/flakes.py, 1 run in 5): the
+    client's reader saw the session's output end and woke the calls waiting then; a call made
+    after that was written into the dying session's stdin and waited its whole timeout for a
+    reply that could not come. It now finds the session gone and, read-only, starts it again."""
+    script = tmp_path / "lingering_session.py"
+    script.write_text(LINGERING_SESSION)
+    drop = tmp_path / "drop"
+    agent = AgentClient("host5", [sys.executable, str(script), str(tmp_path / "first"), str(drop)], timeout_s=5)
+    try:
+        drop.touch()
+        deadline = time.monotonic() + 10
+        while agent._proc not in agent._silent and time.monotonic() < deadline:  # its reader met the end
+            time.sleep(0.01)
+        assert agent._proc in agent._silent and agent.alive, "the session must linger, output ended: the case here"
+        assert "nvml" in agent.call("hello")  # not "no reply from the agent within 5 s"
+        assert agent.restarts == 1
+    finally:
+        agent.close()

@@ -62,6 +62,10 @@ class AgentClient(GpuHost, TransmitterControl):
         self._ids = itertools.count(1)
         self._pending: dict[int, _Slot] = {}
         self._lock = threading.Lock()
+        # Agents' processes whose output has ended: no reply comes from them. A call made after
+        # its reader woke the waiters would otherwise wait its whole timeout (ssh's session killed,
+        # its client still on its way out, its stdin still open).
+        self._silent: set[subprocess.Popen] = set()
         self._stderr: collections.deque[str] = collections.deque(maxlen=30)
         self._write_lock = threading.Lock()
         self._start_lock = threading.Lock()
@@ -149,7 +153,8 @@ class AgentClient(GpuHost, TransmitterControl):
                 slot.reply = reply
                 slot.received_ns = self.clock_ns()
                 slot.done.set()
-        with self._lock:  # the agent is gone: wake every waiter
+        with self._lock:  # the agent is gone: wake every waiter, and refuse those to come
+            self._silent.add(proc)
             for slot in self._pending.values():
                 slot.done.set()
 
@@ -196,7 +201,11 @@ class AgentClient(GpuHost, TransmitterControl):
         rid = next(self._ids)
         slot = _Slot()
         with self._lock:
-            self._pending[rid] = slot
+            silent = self._proc in self._silent
+            if not silent:
+                self._pending[rid] = slot
+        if silent:
+            raise _Gone(self._gone(method))
         sent = self.clock_ns()
         try:
             with self._write_lock:
