@@ -22,6 +22,7 @@ from lumion_hil.harness.session import BenchSession
 from lumion_hil.instruments.collectives import collective_cost
 from lumion_hil.instruments.emulators.netns import available
 from lumion_hil.instruments.emulators.rack import Rack
+from lumion_hil.instruments.emulators.rack_state import scratch_owner
 from lumion_hil.instruments.protocols import InstrumentIOError
 from conftest import BENCHES, ROOT, needs
 
@@ -270,8 +271,9 @@ def test_restore_after_kill_9_leaves_nothing_behind(tmp_path, killed):
     """A run killed outright mid-recovery: `lumion-hil run`'s own process group (its pytest, in a
     session of its own, is then sent SIGTERM and still stopping), or every process of the run
     (nothing left to stop: its namespaces, links and processes stay). When `lumion-hil bench
-    restore` returns, nothing of the run is on the machine: its namespaces, its root links, and
-    any process in them (sshd, agents, jobs), listed here as the test looked for them."""
+    restore` returns, nothing of the run is on the machine: its namespaces, its root links, any
+    process in them (sshd, agents, jobs), and its scratch folder (the ssh keys among its files),
+    listed here as the test looked for them."""
     before = set(Rack.leftovers()["netns"])
     proc = subprocess.Popen([sys.executable, "-m", "lumion_hil", "run", "--bench", str(BENCH), "--results",
                              str(tmp_path / "results"), "--no-report", "-q", "-k", "recovery_time and gpu_failure"],
@@ -293,6 +295,9 @@ def test_restore_after_kill_9_leaves_nothing_behind(tmp_path, killed):
         else:
             _kill_9(proc, str(tmp_path / "results"))
     assert set(Rack.leftovers()["netns"]) & ours, "kill -9 left nothing: the test proves nothing"
+    racks = {n.rsplit("-", 1)[0] for n in ours}
+    if killed == "every process of the run":  # nothing was left to remove its files
+        assert any(scratch_owner(f) in racks for f in Rack.leftovers()["folders"]), "no scratch folder was left"
     out = subprocess.run([sys.executable, "-m", "lumion_hil", "bench", "restore", "--bench", str(BENCH)],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -301,4 +306,6 @@ def test_restore_after_kill_9_leaves_nothing_behind(tmp_path, killed):
         l.startswith(n.rsplit("-", 1)[0] + "-") for n in ours)], "processes in them (sshd, agents, jobs)": [
         p for p in left["processes"] if p.split()[1] in ours]}
     looked_for["namespaces"] = [n for n in looked_for["namespaces"] if n in left["netns"]]
+    looked_for["scratch folders (ssh keys, job logs, checkpoints)"] = [f for f in left["folders"]
+                                                                      if scratch_owner(f) in racks]
     assert not any(looked_for.values()), f"still there after restore returned: {looked_for}"

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -80,9 +81,12 @@ def new_prefix() -> str:
     return prefix
 
 
+NOTHING = {"netns": [], "links": [], "processes": [], "folders": []}
+
+
 def assert_gone(prefix: str) -> None:
     """Nothing named with the prefix: as the rack sees it, and as `ip` does."""
-    assert Rack.leftovers(prefix) == {"netns": [], "links": [], "processes": []}
+    assert Rack.leftovers(prefix) == NOTHING
     shown = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     shown += subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert prefix not in shown
@@ -95,7 +99,7 @@ def nothing_left_behind():
     left = {p: Rack.leftovers(p) for p in PREFIXES}
     for prefix in PREFIXES:
         Rack.destroy(prefix)
-    assert all(v == {"netns": [], "links": [], "processes": []} for v in left.values()), left
+    assert all(v == NOTHING for v in left.values()), left
     for prefix in PREFIXES:
         assert_gone(prefix)
 
@@ -368,13 +372,15 @@ def test_clean_up_stale_removes_the_rack_of_an_owner_killed_by_sigkill(tmp_path,
             time.sleep(0.02)  # `ip netns exec` has not yet become `sleep`
         before = Rack.leftovers(prefix)
         assert before["links"] == [f"{prefix}-m"] and len(before["netns"]) == 5 and before["processes"]
+        assert len(before["folders"]) == 1  # its scratch folder
+        (Path(before["folders"][0]) / "client_ed25519").write_text("a run's file")
         assert Rack.clean_up_stale(str(tmp_path), prefix="lh-t") == []  # its owner lives
         owner.kill()
         owner.wait()
         assert Rack.leftovers(prefix) == before  # a kill -9 runs no clean-up
         removed = Rack.clean_up_stale(str(tmp_path), prefix="lh-t")
         assert f"{prefix}-m" in removed and f"{prefix}-gpu0" in removed
-        assert str(tmp_path / f"{prefix}.json") in removed
+        assert str(tmp_path / f"{prefix}.json") in removed and before["folders"][0] in removed
         assert_gone(prefix)
         assert Rack.clean_up_stale(str(tmp_path), prefix="lh-t") == []
         # a live owner's rack (the module's, in its own state directory) is left alone
@@ -410,6 +416,9 @@ def test_a_rack_is_a_context_manager(tmp_path):
         assert (tmp_path / f"{r.prefix}.json").exists()
         assert json.loads((tmp_path / f"{r.prefix}.json").read_text())["netns"] == r.namespaces
         assert Rack.leftovers(r.prefix)["links"] == [r.root_link]
+        state = json.loads((tmp_path / f"{r.prefix}.json").read_text())
+        assert r.scratch is not None and r.scratch.is_dir() and state["scratch"] == str(r.scratch)
+        assert Rack.leftovers(r.prefix)["folders"] == [str(r.scratch)]
     assert_gone(r.prefix)
 
 

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import json
 import shlex
-import shutil
 import sys
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -93,12 +91,12 @@ class NetnsBench(EmulatedBench):
             raise NetnsUnavailable(f"bench {self.bench.name!r}: the namespaced bench cannot be built here: {why}")
         try:
             Rack.clean_up_stale()  # what a run killed outright left behind
-            self.run_dir = Path(tempfile.mkdtemp(prefix="lumion-hil-netns-"))
             self.rack = Rack(rack_spec(self.bench)).build()
+            self.run_dir = self.rack.scratch  # removed with the rack, and by `bench restore` after a kill -9
             self.world_service_host = self.rack.mgmt_gateway
             super().start()  # the instruments' emulators and the world's service, on the management network
             hosts = self.bench.topology.hosts
-            self.keys = sshds.SshKeys(self.run_dir / "ssh")
+            self.keys = sshds.SshKeys(self._run_dir / "ssh")
             for host in hosts:
                 self.sshd[host.name] = sshds.HostSshd(host.name, self.rack.netns(host.name),
                                                       self.rack.mgmt_address(host.name), self.keys)
@@ -122,11 +120,9 @@ class NetnsBench(EmulatedBench):
         self.sshd.clear()
         super().stop()
         if self.rack is not None:
-            self.rack.teardown()
+            self.rack.teardown()  # its scratch folder, our run_dir, with it
             self.rack = None
-        if self.run_dir is not None:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
-            self.run_dir = None
+        self.run_dir = None
 
     @property
     def _rack(self) -> Rack:

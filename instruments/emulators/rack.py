@@ -86,6 +86,7 @@ class Rack(RackLayout):
         self._netlink = OneThread(f"rack {self.prefix} netlink")
         self._built = False
         self._atexit = False
+        self.scratch: Path | None = None  # the rack's files (ssh keys, logs, checkpoints): made by build
 
     # -- build ----------------------------------------------------------------------------
 
@@ -115,7 +116,9 @@ class Rack(RackLayout):
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.mgmt_net is None:  # a crashed owner's choice
             self.mgmt_net = rack_state.earlier_mgmt_net(self.state_file)
-        write_state(self, self.state_file)  # first, so that a crash from here on is found
+        if self.scratch is None:
+            self.scratch = rack_state.make_scratch(self.prefix)
+        write_state(self, self.state_file, self.scratch)  # first, so that a crash from here on is found
         present = set(list_netns())
         for name in self.namespaces:
             if name not in present:
@@ -136,7 +139,7 @@ class Rack(RackLayout):
             "net/ipv4/conf/default/rp_filter": "0"}) for name in self.namespaces})
         with state_lock(), IPRoute() as root:
             self.mgmt_net = choose_mgmt_net(root, self, self.state_file)
-            write_state(self, self.state_file)
+            write_state(self, self.state_file, self.scratch)
             self._ensure_root_link(root)
         self._build_optical()
         if self._racks:
@@ -464,7 +467,7 @@ class Rack(RackLayout):
     @in_netlink_thread
     def teardown(self) -> None:
         """Kill the processes in the rack's namespaces, delete its namespaces and its root link,
-        remove its state file. Safe to call twice, and on a rack never built."""
+        remove its scratch folder and its state file. Safe to call twice, and on a rack never built."""
         with self._lock:
             for ipr in self._nl.values():
                 try:
@@ -475,6 +478,8 @@ class Rack(RackLayout):
             self._sw_index.clear()
             if IPRoute is not None:
                 remove_named(self.prefix, self.namespaces, [self.root_link])
+            rack_state.remove_scratch(self.scratch, self.prefix)
+            self.scratch = None
             self.state_file.unlink(missing_ok=True)
             if self._atexit:
                 atexit.unregister(self.teardown)

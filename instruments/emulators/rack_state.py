@@ -1,6 +1,7 @@
 """A rack's claim on this machine, and what is done when its owner is gone. The owner of a rack
 writes a state file as it builds (``STATE_DIR/<prefix>.json``: its pid and start time, the
-`lumion-hil run` it runs under, its namespaces and root link, its management subnet), so that
+`lumion-hil run` it runs under, its namespaces and root link, its management subnet, its
+scratch folder), so that
 a rack left by an owner killed outright is found and removed by the next one
 (:func:`clean_up_stale`) or by ``lumion-hil bench restore`` (:func:`restore_after_killed_runs`),
 and so that two racks on one machine never take the same management subnet
@@ -15,7 +16,9 @@ import ipaddress
 import json
 import os
 import select
+import shutil
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from lumion_hil.instruments.emulators.rack_spec import MGMT_SPACE, PREFIX, RackE
 
 STATE_DIR = "/run/lumion-hil/racks"
 LOCK_FILE = "/run/lumion-hil/racks.lock"  # one for the machine, whatever a rack's state_dir
+SCRATCH = "lumion-hil-rack-"  # a rack's scratch folder (ssh keys, job logs, checkpoints): <tmp>/SCRATCH<prefix>-<random>
 
 
 @contextlib.contextmanager
@@ -39,14 +43,14 @@ def state_lock():
         os.close(fd)
 
 
-def write_state(layout: RackLayout, state_file: Path) -> None:
+def write_state(layout: RackLayout, state_file: Path, scratch: Path | None = None) -> None:
     """The rack's state file, as its owner (this process) holds it now."""
     run = run_wrapper()  # the `lumion-hil run` this rack's owner runs under, if any
     state = {"prefix": layout.prefix, "owner_pid": os.getpid(), "owner_start": process_start(os.getpid()),
              "run_pid": run, "run_start": process_start(run) if run else None,
              "netns": layout.namespaces, "links": [layout.root_link],
              "mgmt_net": str(layout.mgmt_net) if layout.mgmt_net else None,
-             "hosts": [h.name for h in layout.spec.hosts]}
+             "hosts": [h.name for h in layout.spec.hosts], "scratch": str(scratch) if scratch else None}
     tmp = state_file.with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=1))
     tmp.replace(state_file)
@@ -153,15 +157,42 @@ def rack_states(state_dir: str, prefix: str) -> list[dict]:
     return states
 
 
+def make_scratch(prefix: str) -> Path:
+    """A new scratch folder for the rack ``prefix``, in this process's temp dir."""
+    return Path(tempfile.mkdtemp(prefix=f"{SCRATCH}{prefix}-"))
+
+
+def scratch_owner(folder: str | os.PathLike) -> str | None:
+    """The rack prefix a scratch folder is named for, or None for a path not named as one."""
+    name = Path(folder).name
+    return name[len(SCRATCH):].rsplit("-", 1)[0] if name.startswith(SCRATCH) and "-" in name[len(SCRATCH):] else None
+
+
+def remove_scratch(folder: str | os.PathLike | None, prefix: str) -> list[str]:
+    """Remove the rack ``prefix``'s scratch folder: only a folder (not a link) named for that
+    rack, so that a state file can never point this at anything else; what it removed."""
+    if not folder:
+        return []
+    path = Path(folder)
+    if scratch_owner(path) != prefix or path.is_symlink() or not path.is_dir():
+        return []
+    shutil.rmtree(path, ignore_errors=True)
+    return [str(path)]
+
+
 def leftovers(prefix: str = "lh-") -> dict[str, list[str]]:
-    """What is on this machine under ``prefix``: namespaces, root-namespace links, and the
-    processes inside those namespaces (as "pid namespace command"). Random prefixes have one
-    length, so one rack's prefix never starts another's."""
+    """What is on this machine under ``prefix``: namespaces, root-namespace links, the
+    processes inside those namespaces (as "pid namespace command"), and the racks' scratch
+    folders in the temp dir. Random prefixes have one length, so one rack's prefix never
+    starts another's."""
     netns = [n for n in list_netns() if n.startswith(prefix)]
     links = [n for n in root_links() if n.startswith(prefix)]
     pids = pids_in(netns)
+    folders = sorted(str(p) for p in Path(tempfile.gettempdir()).glob(f"{SCRATCH}{prefix}*")
+                     if scratch_owner(p) and p.is_dir() and not p.is_symlink())
     return {"netns": netns, "links": links,
-            "processes": [f"{pid} {ns} {command_of(pid)}" for ns in netns for pid in sorted(pids[ns])]}
+            "processes": [f"{pid} {ns} {command_of(pid)}" for ns in netns for pid in sorted(pids[ns])],
+            "folders": folders}
 
 
 def destroy(prefix: str) -> list[str]:
@@ -181,8 +212,9 @@ def restore_after_killed_runs(state_dir: str = STATE_DIR, prefix: str = "lh-",
     wrapper died while its owner lives is being torn down by that owner (sent SIGTERM on its
     wrapper's death, it stops at a safe point): wait for the owner to end, at most ``wait_s``.
     Then tear down every rack whose owner is dead, and everything under ``prefix`` that no
-    live rack owns, and wait for the processes killed to be gone. Returns (what it removed,
-    what is still there that no live run owns: namespaces, links, processes)."""
+    live rack owns (scratch folders too), and wait for the processes killed to be gone. Returns
+    (what it removed, what is still there that no live run owns: namespaces, links, processes,
+    folders)."""
     deadline = time.monotonic() + wait_s
     for state in rack_states(state_dir, prefix):
         if alive(state["owner_pid"], state.get("owner_start")) and state.get("run_pid") \
@@ -191,15 +223,21 @@ def restore_after_killed_runs(state_dir: str = STATE_DIR, prefix: str = "lh-",
     removed = clean_up_stale(state_dir, prefix)
     live = [s["prefix"] for s in rack_states(state_dir, prefix) if alive(s["owner_pid"], s.get("owner_start"))]
 
+    def owned(kind: str, name: str, rack: str) -> bool:
+        if kind == "folders":
+            return scratch_owner(name) == rack
+        return f" {rack}-" in f" {name}" or name.startswith(rack + "-")
+
     def orphans() -> dict[str, list[str]]:
-        found = leftovers(prefix)
-        return {kind: [x for x in names if not any(f" {p}-" in f" {x}" or x.startswith(p + "-") for p in live)]
-                for kind, names in found.items()}
+        return {kind: [x for x in names if not any(owned(kind, x, p) for p in live)]
+                for kind, names in leftovers(prefix).items()}
 
     for name in orphans()["netns"] + orphans()["links"]:
         rack_prefix = name.rsplit("-", 1)[0]
         if PREFIX.match(rack_prefix) and rack_prefix not in live:
             removed += remove_named(rack_prefix, [], [])
+    for folder in orphans()["folders"]:
+        removed += remove_scratch(folder, scratch_owner(folder) or "")
     settle = time.monotonic() + 5.0
     while any(orphans().values()) and time.monotonic() < settle:
         time.sleep(0.05)  # killed: each process is gone once the kernel has reaped it
@@ -209,7 +247,8 @@ def restore_after_killed_runs(state_dir: str = STATE_DIR, prefix: str = "lh-",
 def clean_up_stale(state_dir: str = STATE_DIR, prefix: str = "lh-") -> list[str]:
     """Tear down the racks (under ``prefix``) whose owner process is dead, as their state
     files in ``state_dir`` list them, with any other namespace or root link named with their
-    prefix; what it removed (names, and the state files' paths)."""
+    prefix, and their scratch folders; what it removed (names, and the state files' and
+    folders' paths)."""
     directory = Path(state_dir)
     if not directory.is_dir() or not any(directory.glob("*.json")):
         return []
@@ -232,6 +271,7 @@ def clean_up_stale(state_dir: str = STATE_DIR, prefix: str = "lh-") -> list[str]
                 if isinstance(n, str) and n.startswith(rack_prefix + "-")]  # never another's names
         removed += remove_named(rack_prefix, [n for n in mine if n in state.get("netns", [])],
                                 [n for n in mine if n in state.get("links", [])])
+        removed += remove_scratch(state.get("scratch") if isinstance(state.get("scratch"), str) else None, rack_prefix)
         path.unlink(missing_ok=True)
         removed.append(str(path))
     return removed
