@@ -247,6 +247,8 @@ class NetnsBench(EmulatedBench):
                 # kill does, and its workers die with it (torch_job.py; torchrun's own forward, wait
                 # and report took 2.6 s, counted as the controller's)
                 "--signals-to-handle", "SIGINT",
+                # its own logs in the run's folder (left to itself, each launch leaves a torchelastic_* in /tmp)
+                "--log-dir", str(self._run_dir / "torchrun"),
                 "-m", "lumion_hil.instruments.emulators.torch_job", "--world", self._world_address(),
                 "--ranks", ",".join(ranks),
                 "--gradient-bytes", str(int(job.gradient_bytes * self.settings.rate_scale * scale)),
