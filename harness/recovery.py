@@ -7,6 +7,7 @@ too, where the suites have always imported them."""
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 from typing import Any, Callable
@@ -101,17 +102,18 @@ def migrate_to_reserved_rack(session, ranks: list[str]) -> dict:
     settings = session.bench.recovery.migration
     session.stop_job()
     restored_ns = world.transfer_checkpoint(settings.checkpoint_bytes, settings.network_gbps, settings.scheduling_s)
-    control = JobControl("/tmp/lumion-hil-migration", clock_ns=time.perf_counter_ns)
-    # The reserved rack has no optical fabric: its servers talk over the electrical network.
-    control.start(argv, {"rank": 0}, session.fabric_env(ranks[0], "electrical"))
-    try:
-        status = control.wait_step(2, session.bench.waits.recovery_s)
-        if not status["reached"]:  # the job runner's own reply (jobs.py), not an agent's
-            raise RuntimeError(f"the job did not step on the reserved rack: {status['last_lines']}")
-        steps = control.steps()
-        return {"restored_ns": restored_ns, "first_step_ns": steps[0][1], "steps": steps}
-    finally:
-        control.stop(timeout_s=5)
+    with tempfile.TemporaryDirectory(prefix="lumion-hil-migration-") as logs:  # this run's alone, then gone
+        control = JobControl(logs, clock_ns=time.perf_counter_ns)
+        # The reserved rack has no optical fabric: its servers talk over the electrical network.
+        control.start(argv, {"rank": 0}, session.fabric_env(ranks[0], "electrical"))
+        try:
+            status = control.wait_step(2, session.bench.waits.recovery_s)
+            if not status["reached"]:  # the job runner's own reply (jobs.py), not an agent's
+                raise RuntimeError(f"the job did not step on the reserved rack: {status['last_lines']}")
+            steps = control.steps()
+            return {"restored_ns": restored_ns, "first_step_ns": steps[0][1], "steps": steps}
+        finally:
+            control.stop(timeout_s=5)
 
 
 # The hard faults that need a spare swapped in, in the order a suite tries them.

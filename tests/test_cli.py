@@ -94,6 +94,21 @@ def test_run_writes_results_record_and_passes_pytest_args(tmp_path):
     assert (tmp_path / "allure-results" / "environment.properties").read_text().startswith("bench=emulated-prototype")
 
 
+def test_a_run_leaves_nothing_in_the_temp_dir(tmp_path, served):
+    """What a run writes beside its results (the agents' job logs, the nccl-tests programs, the
+    migration baseline's job log) lives in folders of the run's own, removed when it ends: on the
+    default bench and on a served one, nothing is left in the temp dir (TMPDIR, as the run saw it)."""
+    bench_out, _, _ = served
+    for bench, scaled in ((ROOT / "benches" / "emulated.yaml", ["--time-scale", "0.2"]), (bench_out, [])):
+        tmp = tmp_path / f"tmp-{bench.stem}"
+        tmp.mkdir()
+        proc = _cli("run", "--bench", str(bench), "--results", str(tmp_path / "results"), "--no-report", "-q",
+                    *scaled, "-k", "recovery_time and gpu_failure or migration or busbw_by_size",
+                    env={**os.environ, "TMPDIR": str(tmp), "LUMION_HIL_LOCK_DIR": str(tmp_path)})
+        assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout + proc.stderr
+        assert sorted(p.name for p in tmp.iterdir()) == [], f"{bench.name}: left in the temp dir"
+
+
 def test_run_with_no_matching_suite_fails(tmp_path):
     proc = _cli("run", "--results", str(tmp_path), "--no-report", "-k", "no_such_suite_anywhere", "-q")
     assert proc.returncode == 5

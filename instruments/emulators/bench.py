@@ -7,6 +7,7 @@ they import nothing from the harness."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -43,6 +44,27 @@ def _nic(bench, fault: Fault):
     return next(n for n in bench.host(fault.host).nics if n.name == fault.nic)
 
 
+class Scratch:
+    """A folder of a backend's own files (the emulated hosts' job logs, the nccl-tests programs),
+    made in the temp dir when first needed and removed by :meth:`remove` (the backend's stop),
+    so that nothing of a run is left in the temp dir and two runs never share a file."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self._path: Path | None = None
+
+    @property
+    def path(self) -> Path:
+        if self._path is None:
+            self._path = Path(tempfile.mkdtemp(prefix=self.prefix))
+        return self._path
+
+    def remove(self) -> None:
+        if self._path is not None:
+            shutil.rmtree(self._path, ignore_errors=True)
+            self._path = None
+
+
 class EmulatedBench(BenchBackend):
     """Start with :meth:`start`, read ``resources`` (instrument name -> address), :meth:`stop`.
     Its world makes every fault but a killed process (which goes through the host's agent, as
@@ -60,6 +82,7 @@ class EmulatedBench(BenchBackend):
         self.servers: dict[str, _LineServer] = {}
         self.vxi11: dict[str, _Server] = {}  # the instruments also served over VXI-11 (vxi11.py)
         self.world_service: WorldService | None = None
+        self.files = Scratch("lumion-hil-bench-")  # the emulated hosts' job logs, the nccl-tests programs
 
     @property
     def world(self) -> World:
@@ -114,7 +137,7 @@ class EmulatedBench(BenchBackend):
     @property
     def nccl_tests_path(self) -> str:
         """Where the emulated hosts' nccl-tests programs are."""
-        return str(nccl_tests_folder(self._world_address()))
+        return str(nccl_tests_folder(self._world_address(), self.files.path))
 
     def nccl_tests_folder(self, host, library: str = "nccl-tests") -> str | None:
         return self.nccl_tests_path if host.emulated and self.world_service is not None else None
@@ -173,9 +196,10 @@ class EmulatedBench(BenchBackend):
         """How to start the agent of an emulated host (a host or its name): the real agent
         program, its NVML, links and job served by this world. None for a host not emulated."""
         host = self.bench.host(host) if isinstance(host, str) else host
+        logs = ("--log-dir", str(self.files.path / "jobs" / host.name))
         if not host.emulated:
-            return agent_argv(host.world_address, host, *extra) if host.world_address else None
-        return agent_argv(self._world_address(), host, *extra)
+            return agent_argv(host.world_address, host, *logs, *extra) if host.world_address else None
+        return agent_argv(self._world_address(), host, *logs, *extra)
 
     def _world_address(self) -> str:
         """The address of the world's service, which the bench has once started with a host emulated."""
@@ -207,6 +231,7 @@ class EmulatedBench(BenchBackend):
         if self.world_service is not None:
             self.world_service.stop()
             self.world_service = None
+        self.files.remove()
 
 
 
@@ -222,6 +247,10 @@ class ServedWorld(BenchBackend):
         super().__init__(bench)
         self.address = next((h.world_address for h in bench.topology.hosts if h.world_address), None)
         self._client: WorldClient | None = None
+        self.files = Scratch("lumion-hil-served-")  # the agents' job logs, the nccl-tests programs
+
+    def stop(self) -> None:
+        self.files.remove()
 
     @property
     def client(self) -> WorldClient:
@@ -234,7 +263,8 @@ class ServedWorld(BenchBackend):
         return self._client
 
     def agent_argv(self, host) -> list[str] | None:
-        return agent_argv(host.world_address, host) if host.world_address else None
+        logs = ("--log-dir", str(self.files.path / "jobs" / host.name))
+        return agent_argv(host.world_address, host, *logs) if host.world_address else None
 
     def job_argv(self, job, ranks: list[str]) -> list[str] | None:
         world = self.bench.host(ranks[0]).world_address
@@ -244,7 +274,7 @@ class ServedWorld(BenchBackend):
         return job_argv(self.address, job, ranks) + ["--all-ranks-here"] if self.address else None
 
     def nccl_tests_folder(self, host, library: str = "nccl-tests") -> str | None:
-        return str(nccl_tests_folder(host.world_address)) if host.world_address else None
+        return str(nccl_tests_folder(host.world_address, self.files.path)) if host.world_address else None
 
     def local_address(self, host) -> bool:
         return bool(host.world_address) or super().local_address(host)
@@ -278,12 +308,11 @@ def agent_argv(world_address: str, host, *extra: str) -> list[str]:
             "--host", host.name, "--interfaces", interfaces, *latency, *faults, *extra]
 
 
-def nccl_tests_folder(world_address: str) -> Path:
-    """A folder of emulated nccl-tests executables for the world at ``world_address``."""
+def nccl_tests_folder(world_address: str, under: Path) -> Path:
+    """A folder (in ``under``) of emulated nccl-tests executables for the world at ``world_address``."""
     from lumion_hil.instruments.emulators.nccl_tests import install
 
-    folder = Path(tempfile.gettempdir()) / "lumion-hil-nccl-tests" / world_address.replace(":", "-")
-    return install(folder, world_address)
+    return install(under / "nccl-tests" / world_address.replace(":", "-"), world_address)
 
 
 def job_argv(world_address: str, job, ranks: list[str]) -> list[str]:

@@ -19,6 +19,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -194,7 +195,8 @@ def parser(prog: str = "python -m lumion_hil.agent") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sysfs", default="/sys/class/net", help="where NIC state is read (real host)")
-    parser.add_argument("--log-dir", default="/tmp/lumion-hil-agent", help="job logs")
+    parser.add_argument("--log-dir", default=os.path.join(tempfile.gettempdir(), "lumion-hil-agent"),
+                        help="where the job's output is kept, rank<N>.log (default: %(default)s)")
     parser.add_argument("--clock-offset-ns", type=int, default=0,
                         help="add this to every clock reading (tests of the harness's clock mapping)")
     return parser
