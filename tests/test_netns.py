@@ -22,7 +22,7 @@ from lumion_hil.harness.session import BenchSession
 from lumion_hil.instruments.collectives import collective_cost
 from lumion_hil.instruments.emulators.netns import available
 from lumion_hil.instruments.emulators.rack import Rack
-from lumion_hil.instruments.emulators.rack_state import scratch_owner
+from lumion_hil.instruments.emulators.rack_state import STATE_DIR, rack_states
 from lumion_hil.instruments.protocols import InstrumentIOError
 from conftest import BENCHES, ROOT, needs
 
@@ -266,6 +266,11 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _rack_of_run(run_pid: int) -> str | None:
+    """The prefix of the rack a `lumion-hil run` (its pid) built, as the rack's state file says."""
+    return next((state["prefix"] for state in rack_states(STATE_DIR, "lh-") if state.get("run_pid") == run_pid), None)
+
+
 @pytest.mark.parametrize("killed", ["its process group", "every process of the run"])
 def test_restore_after_kill_9_leaves_nothing_behind(tmp_path, killed):
     """A run killed outright mid-recovery: `lumion-hil run`'s own process group (its pytest, in a
@@ -273,39 +278,38 @@ def test_restore_after_kill_9_leaves_nothing_behind(tmp_path, killed):
     (nothing left to stop: its namespaces, links and processes stay). When `lumion-hil bench
     restore` returns, nothing of the run is on the machine: its namespaces, its root links, any
     process in them (sshd, agents, jobs), and its scratch folder (the ssh keys among its files),
-    listed here as the test looked for them."""
-    before = set(Rack.leftovers()["netns"])
+    listed here as the test looked for them. The run's rack is the one whose state file names the
+    run: other racks on the machine (another run's) are not this test's to judge."""
     proc = subprocess.Popen([sys.executable, "-m", "lumion_hil", "run", "--bench", str(BENCH), "--results",
                              str(tmp_path / "results"), "--no-report", "-q", "-k", "recovery_time and gpu_failure"],
                             cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prefix = None
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:  # until its recovery restarted the job through ssh on the spare
-            ours = set(Rack.leftovers()["netns"]) - before
-            running = [p for p in Rack.leftovers()["processes"] if p.split()[1] in ours]
-            if any("python" in p for p in running if p.split()[1].endswith("-host3")):
+            prefix = prefix or _rack_of_run(proc.pid)
+            running = Rack.leftovers(prefix)["processes"] if prefix else []
+            if any("python" in p for p in running if p.split()[1] == f"{prefix}-host3"):
                 break
             time.sleep(0.2)
         else:
-            pytest.fail("the run restarted no job on its spare within 90 s")
+            pytest.fail(f"the run restarted no job on its spare within 90 s (its rack: {prefix})")
     finally:
         if killed == "its process group":
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         else:
             _kill_9(proc, str(tmp_path / "results"))
-    assert set(Rack.leftovers()["netns"]) & ours, "kill -9 left nothing: the test proves nothing"
-    racks = {n.rsplit("-", 1)[0] for n in ours}
+    assert prefix is not None
+    left = Rack.leftovers(prefix)
+    assert left["netns"], "kill -9 left nothing: the test proves nothing"
     if killed == "every process of the run":  # nothing was left to remove its files
-        assert any(scratch_owner(f) in racks for f in Rack.leftovers()["folders"]), "no scratch folder was left"
+        assert left["folders"], "no scratch folder was left"
     out = subprocess.run([sys.executable, "-m", "lumion_hil", "bench", "restore", "--bench", str(BENCH)],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
-    left = Rack.leftovers()  # at once: restore returns only once the bench is restored
-    looked_for = {"namespaces": sorted(ours), "root links": [l for l in left["links"] if any(
-        l.startswith(n.rsplit("-", 1)[0] + "-") for n in ours)], "processes in them (sshd, agents, jobs)": [
-        p for p in left["processes"] if p.split()[1] in ours]}
-    looked_for["namespaces"] = [n for n in looked_for["namespaces"] if n in left["netns"]]
-    looked_for["scratch folders (ssh keys, job logs, checkpoints)"] = [f for f in left["folders"]
-                                                                      if scratch_owner(f) in racks]
-    assert not any(looked_for.values()), f"still there after restore returned: {looked_for}"
+    left = Rack.leftovers(prefix)  # at once: restore returns only once the bench is restored
+    looked_for = {"namespaces": left["netns"], "root links": left["links"],
+                  "processes in them (sshd, agents, jobs)": left["processes"],
+                  "scratch folders (ssh keys, job logs, checkpoints)": left["folders"]}
+    assert not any(looked_for.values()), f"rack {prefix}: still there after restore returned: {looked_for}"
