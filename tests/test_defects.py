@@ -181,7 +181,12 @@ MAY_TURN_RED = {"ignores_fading_light": {"sequences_explored", "sequence_recover
                 # 300 ms on a recovery of about 0.2 s at a fifth of real time puts the job's running
                 # again at LUMION's bound there (1 s x 0.2 x 1.25 + 0.25 s = 0.5 s): 0.517 s once in a
                 # clean-clone CI run; where it lands is the defect's size, not noise to hide
-                "slow_controller=300": {"recovery_to_restart_lumion"}}
+                "slow_controller=300": {"recovery_to_restart_lumion"},
+                # at a fiftieth of real time the 400 ms dawdle is 20 s of the bench's time against
+                # the first step's 25.6 s: with the harness's own (unscaled) time the first step
+                # lands at its bound (0.770 s against 0.762 s once, in the flake benchmark beside a
+                # busy core); the defect's size decides it, not noise to hide
+                "restart_first_dawdle": {"recovery_to_first_step"}}
 
 # The value a defect's red verdict must take, where the defect says how large it is: (verdict,
 # at least, at most). The dawdle past the job's start-up (400 ms) is all overhead, and no more
