@@ -370,5 +370,6 @@ def test_a_call_after_the_agents_output_ended_starts_its_session_again_at_once(t
         assert agent._proc in agent._silent and agent.alive, "the session must linger, output ended: the case here"
         assert "nvml" in agent.call("hello")  # not "no reply from the agent within 5 s"
         assert agent.restarts == 1
+        assert not agent._silent  # the ended session is forgotten once replaced
     finally:
         agent.close()

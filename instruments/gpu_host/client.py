@@ -115,6 +115,8 @@ class AgentClient(GpuHost, TransmitterControl):
             if self._proc is not old:
                 return  # another caller already started a new one
             self._start()
+            with self._lock:
+                self._silent.discard(old)  # replaced: no call reaches it any more
             self.restarts += 1
             try:
                 self._call_once("hello", max(self.timeout_s, START_S), {})  # started (see START_S)
