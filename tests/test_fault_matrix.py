@@ -175,7 +175,8 @@ def test_a_bench_file_starts_an_agent_with_its_faults(tcp_bench):
     host = plain.model_copy(update={"emulation": plain.emulation.model_copy(update={"faults": ["errors"]})})
 
     with pytest.raises(InstrumentError, match="host1: 'hello': agent error DeviceError"):
-        AgentClient("host1", agent_argv(tcp_bench.world_service.address, host), timeout_s=TIMEOUT_S)
+        AgentClient("host1", agent_argv(tcp_bench.world_service.address, host, logs=tcp_bench.files.path),
+                    timeout_s=TIMEOUT_S)
 
 
 def test_emulate_serves_a_faulty_instrument_to_any_visa_tool(tmp_path):

@@ -280,9 +280,11 @@ def test_restore_after_kill_9_leaves_nothing_behind(tmp_path, killed):
     process in them (sshd, agents, jobs), and its scratch folder (the ssh keys among its files),
     listed here as the test looked for them. The run's rack is the one whose state file names the
     run: other racks on the machine (another run's) are not this test's to judge."""
+    env = {k: v for k, v in os.environ.items() if k != "LUMION_HIL_RUN"}  # its own run, not one around this test
     proc = subprocess.Popen([sys.executable, "-m", "lumion_hil", "run", "--bench", str(BENCH), "--results",
                              str(tmp_path / "results"), "--no-report", "-q", "-k", "recovery_time and gpu_failure"],
-                            cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     prefix = None
     try:
         deadline = time.monotonic() + 90

@@ -86,24 +86,27 @@ def probe_host(name: str, address: str, python: str = "python3", timeout_s: floa
     reading = HostReading(name, address, python)
     host = Host.model_construct(name=name, address=address, python=python, gpus=[], nics=[],
                                 emulation=HostEmulation())
-    argv = load_backend(_probe_bench([host])).agent_argv(host)
-    if argv is None:
-        argv = local_agent_argv(python) if address == "local" else ssh_agent_argv(address, python)
+    backend = load_backend(_probe_bench([host]))
     try:
-        client = AgentClient(name, argv, timeout_s=timeout_s)
-    except Exception as exc:  # an unreachable host is reported, the others still drafted
-        reading.problem = f"its agent did not answer: {exc}"
+        argv = backend.agent_argv(host) or (local_agent_argv(python) if address == "local"
+                                            else ssh_agent_argv(address, python))
+        try:
+            client = AgentClient(name, argv, timeout_s=timeout_s)
+        except Exception as exc:  # an unreachable host is reported, the others still drafted
+            reading.problem = f"its agent did not answer: {exc}"
+            return reading
+        try:
+            reading.nvml = client.hello.get("nvml", {})
+            reading.interfaces = [s for s in client.links() if s.interface != "lo"]
+            if reading.nvml.get("available"):
+                reading.gpus = client.devices()
+        except Exception as exc:
+            reading.problem = f"{type(exc).__name__}: {exc}"
+        finally:
+            client.close()
         return reading
-    try:
-        reading.nvml = client.hello.get("nvml", {})
-        reading.interfaces = [s for s in client.links() if s.interface != "lo"]
-        if reading.nvml.get("available"):
-            reading.gpus = client.devices()
-    except Exception as exc:
-        reading.problem = f"{type(exc).__name__}: {exc}"
     finally:
-        client.close()
-    return reading
+        backend.stop()  # what it made for the agent (a served world's job-log folder)
 
 
 @dataclass

@@ -196,10 +196,8 @@ class EmulatedBench(BenchBackend):
         """How to start the agent of an emulated host (a host or its name): the real agent
         program, its NVML, links and job served by this world. None for a host not emulated."""
         host = self.bench.host(host) if isinstance(host, str) else host
-        logs = ("--log-dir", str(self.files.path / "jobs" / host.name))
-        if not host.emulated:
-            return agent_argv(host.world_address, host, *logs, *extra) if host.world_address else None
-        return agent_argv(self._world_address(), host, *logs, *extra)
+        world = self._world_address() if host.emulated else host.world_address
+        return agent_argv(world, host, *extra, logs=self.files.path) if world else None
 
     def _world_address(self) -> str:
         """The address of the world's service, which the bench has once started with a host emulated."""
@@ -263,8 +261,7 @@ class ServedWorld(BenchBackend):
         return self._client
 
     def agent_argv(self, host) -> list[str] | None:
-        logs = ("--log-dir", str(self.files.path / "jobs" / host.name))
-        return agent_argv(host.world_address, host, *logs) if host.world_address else None
+        return agent_argv(host.world_address, host, logs=self.files.path) if host.world_address else None
 
     def job_argv(self, job, ranks: list[str]) -> list[str] | None:
         world = self.bench.host(ranks[0]).world_address
@@ -297,15 +294,17 @@ class ServedWorld(BenchBackend):
             self.client.call("set_extra_loss", port=_nic(self.bench, fault).tx_port, loss_db=0.0)
 
 
-def agent_argv(world_address: str, host, *extra: str) -> list[str]:
-    """The agent of an emulated host served by the world at ``world_address``."""
+def agent_argv(world_address: str, host, *extra: str, logs: Path | None = None) -> list[str]:
+    """The agent of an emulated host served by the world at ``world_address``; its jobs' logs
+    in ``logs``/jobs/<host> (else the agent's default)."""
     interfaces = ",".join(f"{n.interface or n.name}={n.name}" for n in host.nics)
     latency = ["--notify-latency-s", str(host.emulation.agent_latency_s)] if host.emulation.agent_latency_s else []
     if host.emulation.management_latency_s:
         latency += ["--management-latency-s", str(host.emulation.management_latency_s)]
     faults = [f"--fault={fault}" for fault in host.emulation.faults]
+    log_dir = ["--log-dir", str(logs / "jobs" / host.name)] if logs is not None else []
     return [sys.executable, "-m", "lumion_hil.instruments.emulators.agent", "--world", world_address,
-            "--host", host.name, "--interfaces", interfaces, *latency, *faults, *extra]
+            "--host", host.name, "--interfaces", interfaces, *latency, *faults, *log_dir, *extra]
 
 
 def nccl_tests_folder(world_address: str, under: Path) -> Path:

@@ -80,7 +80,6 @@ class NetnsBench(EmulatedBench):
         self.keys: sshds.SshKeys | None = None
         self.sshd: dict[str, sshds.HostSshd] = {}
         self.plane: DataPlane | None = None
-        self.run_dir: Path | None = None
         self._power_timers: list[threading.Timer] = []
 
     # -- life ---------------------------------------------------------------------------------
@@ -92,7 +91,6 @@ class NetnsBench(EmulatedBench):
         try:
             Rack.clean_up_stale()  # what a run killed outright left behind
             self.rack = Rack(rack_spec(self.bench)).build()
-            self.run_dir = self.rack.scratch  # removed with the rack, and by `bench restore` after a kill -9
             self.world_service_host = self.rack.mgmt_gateway
             super().start()  # the instruments' emulators and the world's service, on the management network
             hosts = self.bench.topology.hosts
@@ -120,9 +118,8 @@ class NetnsBench(EmulatedBench):
         self.sshd.clear()
         super().stop()
         if self.rack is not None:
-            self.rack.teardown()  # its scratch folder, our run_dir, with it
+            self.rack.teardown()  # its scratch folder (our files) with it
             self.rack = None
-        self.run_dir = None
 
     @property
     def _rack(self) -> Rack:
@@ -133,9 +130,11 @@ class NetnsBench(EmulatedBench):
 
     @property
     def _run_dir(self) -> Path:
-        if self.run_dir is None:
+        """The run's files (ssh keys, job logs, checkpoints): the rack's scratch folder, removed
+        with the rack, and by `bench restore` after a kill -9."""
+        if self.rack is None or self.rack.scratch is None:
             raise RuntimeError(f"bench {self.bench.name!r}: the namespaced bench is not started (no run folder)")
-        return self.run_dir
+        return self.rack.scratch
 
     @property
     def _keys(self) -> sshds.SshKeys:
@@ -285,7 +284,7 @@ class NetnsBench(EmulatedBench):
         rack_map = {"hosts": {h.name: self.destination(h.name) for h in self.bench.topology.hosts},
                     "mgmt": {h.name: self._rack.mgmt_address(h.name) for h in self.bench.topology.hosts},
                     "ssh_config": str(self._keys.config), "port": job_port + PERF_PORT_OFFSET,
-                    "python": sys.executable, "run_dir": str(self.run_dir)}
+                    "python": sys.executable, "run_dir": str(self._run_dir)}
         path = self._run_dir / "rack.json"
         path.write_text(json.dumps(rack_map, indent=1), encoding="utf-8")
         for library, name in FOLDERS.items():

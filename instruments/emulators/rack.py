@@ -116,9 +116,12 @@ class Rack(RackLayout):
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.mgmt_net is None:  # a crashed owner's choice
             self.mgmt_net = rack_state.earlier_mgmt_net(self.state_file)
+        if self.scratch is None:  # a crashed owner's, if still there
+            self.scratch = rack_state.earlier_scratch(self.state_file, self.prefix)
+        write_state(self, self.state_file, self.scratch)  # first, so that a crash from here on is found
         if self.scratch is None:
             self.scratch = rack_state.make_scratch(self.prefix)
-        write_state(self, self.state_file, self.scratch)  # first, so that a crash from here on is found
+            write_state(self, self.state_file, self.scratch)
         present = set(list_netns())
         for name in self.namespaces:
             if name not in present:

@@ -168,16 +168,26 @@ def scratch_owner(folder: str | os.PathLike) -> str | None:
     return name[len(SCRATCH):].rsplit("-", 1)[0] if name.startswith(SCRATCH) and "-" in name[len(SCRATCH):] else None
 
 
+def earlier_scratch(state_file: Path, prefix: str) -> Path | None:
+    """The scratch folder an earlier (crashed) owner of this state file made, if it is still there."""
+    if state_file.exists():
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            folder = Path(json.loads(state_file.read_text()).get("scratch"))
+            if scratch_owner(folder) == prefix and folder.is_dir() and not folder.is_symlink():
+                return folder
+    return None
+
+
 def remove_scratch(folder: str | os.PathLike | None, prefix: str) -> list[str]:
-    """Remove the rack ``prefix``'s scratch folder: only a folder (not a link) named for that
-    rack, so that a state file can never point this at anything else; what it removed."""
+    """Remove the rack ``prefix``'s scratch folder: only a folder (not a link) whose name is
+    that rack's scratch name, wherever a state file says it is; what it removed."""
     if not folder:
         return []
     path = Path(folder)
     if scratch_owner(path) != prefix or path.is_symlink() or not path.is_dir():
         return []
     shutil.rmtree(path, ignore_errors=True)
-    return [str(path)]
+    return [] if path.exists() else [str(path)]
 
 
 def leftovers(prefix: str = "lh-") -> dict[str, list[str]]:
@@ -221,7 +231,9 @@ def restore_after_killed_runs(state_dir: str = STATE_DIR, prefix: str = "lh-",
                 and not alive(state["run_pid"], state.get("run_start")):
             wait_exit(state["owner_pid"], deadline - time.monotonic())
     removed = clean_up_stale(state_dir, prefix)
-    live = [s["prefix"] for s in rack_states(state_dir, prefix) if alive(s["owner_pid"], s.get("owner_start"))]
+
+    def live() -> list[str]:  # read again each time: a run may be building its rack meanwhile
+        return [s["prefix"] for s in rack_states(state_dir, prefix) if alive(s["owner_pid"], s.get("owner_start"))]
 
     def owned(kind: str, name: str, rack: str) -> bool:
         if kind == "folders":
@@ -229,15 +241,18 @@ def restore_after_killed_runs(state_dir: str = STATE_DIR, prefix: str = "lh-",
         return f" {rack}-" in f" {name}" or name.startswith(rack + "-")
 
     def orphans() -> dict[str, list[str]]:
-        return {kind: [x for x in names if not any(owned(kind, x, p) for p in live)]
-                for kind, names in leftovers(prefix).items()}
+        found = leftovers(prefix)
+        racks = live()  # after the scan: a rack writes its state file before it makes any of its parts
+        return {kind: [x for x in names if not any(owned(kind, x, p) for p in racks)] for kind, names in found.items()}
 
-    for name in orphans()["netns"] + orphans()["links"]:
+    left = orphans()
+    for name in left["netns"] + left["links"]:
         rack_prefix = name.rsplit("-", 1)[0]
-        if PREFIX.match(rack_prefix) and rack_prefix not in live:
+        if PREFIX.match(rack_prefix) and rack_prefix not in live():
             removed += remove_named(rack_prefix, [], [])
-    for folder in orphans()["folders"]:
-        removed += remove_scratch(folder, scratch_owner(folder) or "")
+    for folder in left["folders"]:
+        if scratch_owner(folder) not in live():
+            removed += remove_scratch(folder, scratch_owner(folder) or "")
     settle = time.monotonic() + 5.0
     while any(orphans().values()) and time.monotonic() < settle:
         time.sleep(0.05)  # killed: each process is gone once the kernel has reaped it
