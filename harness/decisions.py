@@ -51,16 +51,24 @@ MIN_SAMPLES = 3  # a side (or pairs) of fewer cannot show a difference at the ra
 
 # --- the false-alarm budget of a CI run ------------------------------------------------------
 
-CI_RUN_ALPHA = 0.01  # at most 1% of CI runs go red on a comparison of noisy figures without a real difference
+CI_RUN_ALPHA = 0.011  # at most 1.1% of CI runs go red on a comparison of noisy figures without a real difference
 
 FIDELITY_ALPHA = 0.005  # one fidelity report, over all its kinds and detectors
 TWIN_ALPHA = FIDELITY_ALPHA  # the mystery lab's twin, judged by a fidelity report on a recording it was not fitted to
+# The agents' stamps of a restarted job against the emulated world's instants (harness/overhead.py
+# stamp_error): once per recovery judged against the world (the recovery suite's
+# recovery_measurement_error).
+RECOVERY_ERROR_ALPHA = 1e-5
 SUMMARY_ALPHA = 0.01  # one morning summary's regressions, over all its rows (a nightly's, not CI's: no history there)
 
 # Every family of decisions a CI run makes: (how many a run makes, the rate of each).
 CI_LEDGER: dict[str, tuple[int, float]] = {
     "fidelity of the default bench against the mystery lab's recording (tests/test_fidelity.py)": (1, FIDELITY_ALPHA),
     "fidelity of the twin against the lab's second recording (tests/test_fidelity.py)": (1, TWIN_ALPHA),
+    # at most: the recovery suite on the three emulated benches (15), its defect proofs and the
+    # tests that run it (under 60 by count of their -k selections)
+    "the agents' stamps of a recovery against the world's instants (recovery_measurement_error)":
+        (100, RECOVERY_ERROR_ALPHA),
 }
 
 

@@ -51,6 +51,7 @@ class Spec:
     better: str | None = None  # "higher" or "lower": a recorded figure's good direction, for night-to-night regressions
     traffic: bool = False  # bytes moved over a fabric (nccl-tests): measured on a bench that moves real bytes
     not_comparable: str = ""  # why this bench's figure cannot be judged against the limit (it is recorded beside it)
+    decided: str = ""  # a decision's answer (harness/decisions.py) that judges the figure, its effect: see decided_by
 
     def basis(self, emulated: bool, real_traffic: bool = False) -> Basis:
         """Measured on a real bench; on an emulated one, a figure its physics decides is a model,
@@ -90,9 +91,21 @@ class Spec:
         with ``why`` (None or empty: judged as usual)."""
         return replace(self, not_comparable=why or "")
 
+    def decided_by(self, decision) -> "Spec":
+        """Judged by a statistical decision (harness/decisions.py) whose margin is the limit:
+        ``differs`` (shown beyond the margin) fails, ``same`` (shown within it) passes, and
+        ``undecided`` (the samples cannot tell) is marginal. The figure measured is the decision's
+        effect; the limit shown is the margin, with the decision's false-alarm rate."""
+        return replace(self, low=-decision.margin, high=decision.margin, decided=decision.verdict.value,
+                       source=f"{self.source}; decided at a false-alarm rate of {decision.alpha:.2g}")
+
     def judge(self, value) -> Verdict:
         if self.not_comparable:
             return Verdict.NOT_COMPARABLE
+        if self.decided:  # (no effect at all: nothing to decide on, which is no pass)
+            if value is None:
+                return Verdict.FAIL
+            return {"differs": Verdict.FAIL, "same": Verdict.PASS}.get(self.decided, Verdict.MARGINAL)
         if isinstance(value, OutOfRange):
             # Below the meter's range satisfies an upper limit and nothing else; above, nothing.
             only_high = self.low is None and self.high is not None

@@ -9,6 +9,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from lumion_hil.harness import decisions
 from lumion_hil.harness.job_restart import Restart
 from lumion_hil.harness.recovery_model import PHASES, RecoveryResult
 
@@ -66,6 +67,45 @@ def ground_truth(world, fault_ns: int, result: RecoveryResult, restart: "Restart
         truth.physical_s[phase] = 0.0 if ended is None else max(0.0, min(ended, end) - start) / 1e9
     truth.between_phases_s = between_phases_s(result)
     return truth
+
+
+STAMPED_STEPS = 4  # per rank of the new map: its first steps, stamped by both the world and its agent
+
+
+def stamp_pairs(session, world, ranks: list[str], since_ns: int, timeout_s: float) -> list[tuple[int, int]]:
+    """(the world's instant, the agent's stamp) of each of the first :data:`STAMPED_STEPS` steps
+    every rank of the new map completed after ``since_ns``. The emulated job takes the world's
+    instant just before it prints the step's line, and tells the world with its next question;
+    the rank's agent stamps the line as it reads it. A step's line comes alone, a step after the
+    last (the lines of a start come in a burst: a slow reader's delays add up along it). Waits
+    (woken by the agent) until every rank has printed one step more, so that the world has been
+    told of each step paired."""
+    pairs: list[tuple[int, int]] = []
+    for host in ranks:
+        agent = session.hosts[host]
+        agent.wait_step(STAMPED_STEPS + 1, timeout_s)
+        told: dict = {}
+        for e in world.events_of("job.step", host):
+            if e.t_ns > since_ns:
+                told.setdefault(e.detail.get("step"), e.t_ns)
+        pairs += [(told[step], seen) for step, seen in agent.job_steps(0)
+                  if step <= STAMPED_STEPS and seen > since_ns and step in told]
+    return pairs
+
+
+MEASUREMENT_MARGIN_S = 0.005  # the harness's requirement: its stamps within 5 ms of the world's instants
+
+
+def stamp_error(session, world, restart: Restart, timeout_s: float,
+                alpha: float = decisions.RECOVERY_ERROR_ALPHA) -> decisions.Decision:
+    """Whether the agents' stamps of the restarted job (what every recovery time is measured
+    from) differ from the world's instants by more than :data:`MEASUREMENT_MARGIN_S`: a paired
+    decision over :func:`stamp_pairs` (the trimmed mean of the stamps' lateness; a line a busy
+    core delayed weighs little, a host that reports every line late shows in all of them)."""
+    pairs = stamp_pairs(session, world, restart.ranks, restart.restarted_ns, timeout_s)
+    return decisions.compare([t / 1e9 for t, _ in pairs], [s / 1e9 for _, s in pairs], paired=True, alpha=alpha,
+                             margin=MEASUREMENT_MARGIN_S, unit="s",
+                             what="the agents' stamps of the restarted job minus the world's instants")
 
 
 def _made_between(world, lo_ns: int, hi_ns: int) -> set[tuple[int, int]]:

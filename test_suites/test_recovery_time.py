@@ -19,7 +19,8 @@ from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.published import about_at_most, upper_limit
 from lumion_hil.harness.recovery import (LightProbe, LinkWatch, NotRestarted, checkpoint_saved_before,
                                         controller_overhead, ground_truth, job_last_words, job_phases,
-                                        migrate_to_reserved_rack, observe_restart, recover_from, switch_commands)
+                                        migrate_to_reserved_rack, observe_restart, recover_from, stamp_error,
+                                        switch_commands)
 from lumion_hil.reports.plots import close, recovery_figure
 
 pytestmark = allure.feature("recovery")
@@ -226,9 +227,16 @@ def test_recovery_time(session, bench_file, running_job, fault_kind, measure, ti
             final_plan_added=overhead.added, final_plan_removed=overhead.removed)
     if session.world is not None:  # the emulated world knows what truly happened
         truth = ground_truth(session.world, fault_ns, result, restart)
-        measure(Spec("recovery_measurement_error", "s", software=True, description="measured fault-to-first-step minus the world's")
-                .in_range(-0.005, 0.005, "harness requirement: within 5 ms of ground truth (on a loaded 2-core machine "
-                          "the agent's stamp of the first step was seen up to 4 ms late)"), total_s - truth.total_s)
+        # The stamps every recovery time is measured from, against the world's instants: a decision
+        # over the first steps of every rank, not one sample (a busy core delays an
+        # agent's read of one line by several ms now and then; a slow agent delays every line).
+        error = stamp_error(session, session.world, restart, bench_file.waits.recovery_s)
+        measure(Spec("recovery_measurement_error", "s", software=True, description="the agents' stamps of the "
+                     "restarted job (the first steps of every rank) minus the world's instants: "
+                     "the trimmed mean of the paired differences").in_range(
+            -error.margin, error.margin, "harness requirement: the stamps within 5 ms of ground truth").decided_by(error),
+            error.effect, decision=error.text(1000, "ms"), interval_s=[error.low, error.high], pairs=error.n_after,
+            first_step_error_s=None if truth.total_s is None else total_s - truth.total_s)
         # The old way, recorded beside it: the controller's phases minus the physics inside each.
         reported = sum(result.phase_s(p) - physical for p, physical in truth.physical_s.items()) + truth.between_phases_s
         measure(Spec("controller_overhead_from_its_phases", "s", software=True, description="the same overhead summed over the "

@@ -98,3 +98,31 @@ def test_bad_rates_and_margins_say_which_decision():
 
 def test_the_ci_runs_decisions_add_up_to_its_budget():
     assert 0 < decisions.ci_run_alpha() <= decisions.CI_RUN_ALPHA
+
+
+def test_a_decision_judges_a_measurement_one_late_line_is_noise_every_late_line_a_defect():
+    """recovery_measurement_error's shape: the agents' stamps of nine steps against the world's
+    instants, at its rate and its 5 ms margin. A busy core delays one read by 7 ms (the old
+    one-sample bound's false alarm): same, pass. An agent that reads every line 20 ms late:
+    differs, fail. Nothing paired: no pass."""
+    from lumion_hil.harness.measurements import Spec
+    from lumion_hil.harness.measurements import Verdict as Judged
+
+    rng = np.random.default_rng(RNG_SEED)
+    world = np.cumsum(rng.uniform(0.3, 0.4, 9))
+    read = rng.uniform(0.0001, 0.0006, 9)
+
+    def judged(late: np.ndarray):
+        decision = compare(world, world + late, paired=True, margin=0.005, alpha=decisions.RECOVERY_ERROR_ALPHA)
+        spec = Spec("recovery_measurement_error", "s").decided_by(decision)
+        return spec.judge(decision.effect), decision
+
+    one_late = read.copy()
+    one_late[0] += 0.007
+    verdict, decision = judged(one_late)
+    assert verdict is Judged.PASS and decision.verdict is Verdict.SAME, decision.text(1000, "ms")
+    verdict, decision = judged(read + 0.020)
+    assert verdict is Judged.FAIL and decision.low > 0.005, decision.text(1000, "ms")
+    nothing = compare([], [], paired=True, margin=0.005, alpha=decisions.RECOVERY_ERROR_ALPHA)
+    assert Spec("e", "s").decided_by(nothing).judge(nothing.effect) is Judged.FAIL
+    assert "false-alarm rate of 1e-05" in Spec("e", "s").decided_by(nothing).source
