@@ -31,7 +31,7 @@ A verdict that makes many decisions holds one false-alarm rate for all of them t
 (``Family``: Bonferroni, each decision at its share of alpha among those that can be decided,
 shares weighted where some decisions' effects dwarf their noise).
 ``CI_LEDGER`` lists every family a CI run makes and its rate; their sum is the run's
-(``CI_RUN_ALPHA``, 1 %). The rates actually seen are measured by ``perf/flakes.py`` and
+(``CI_RUN_ALPHA``, 1.1 %). The rates actually seen are measured by ``perf/flakes.py`` and
 ``perf/fidelity_rates.py``.
 """
 
@@ -55,9 +55,9 @@ CI_RUN_ALPHA = 0.011  # at most 1.1% of CI runs go red on a comparison of noisy 
 
 FIDELITY_ALPHA = 0.005  # one fidelity report, over all its kinds and detectors
 TWIN_ALPHA = FIDELITY_ALPHA  # the mystery lab's twin, judged by a fidelity report on a recording it was not fitted to
-# The agents' stamps of a restarted job against the emulated world's instants (harness/overhead.py
-# stamp_error): once per recovery judged against the world (the recovery suite's
-# recovery_measurement_error).
+# The agents' stamps of a restarted job's steps against the emulated world's instants
+# (harness/overhead.py stamp_error): once per recovery judged against the world (the recovery
+# suite's recovery_measurement_error). Nominal: the decision takes its pairs as independent.
 RECOVERY_ERROR_ALPHA = 1e-5
 SUMMARY_ALPHA = 0.01  # one morning summary's regressions, over all its rows (a nightly's, not CI's: no history there)
 

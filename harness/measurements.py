@@ -91,13 +91,14 @@ class Spec:
         with ``why`` (None or empty: judged as usual)."""
         return replace(self, not_comparable=why or "")
 
-    def decided_by(self, decision) -> "Spec":
+    def decided_by(self, decision, source: str) -> "Spec":
         """Judged by a statistical decision (harness/decisions.py) whose margin is the limit:
         ``differs`` (shown beyond the margin) fails, ``same`` (shown within it) passes, and
         ``undecided`` (the samples cannot tell) is marginal. The figure measured is the decision's
-        effect; the limit shown is the margin, with the decision's false-alarm rate."""
+        effect (None, nothing to decide on: fails); the limit shown is the margin, with the
+        decision's false-alarm rate."""
         return replace(self, low=-decision.margin, high=decision.margin, decided=decision.verdict.value,
-                       source=f"{self.source}; decided at a false-alarm rate of {decision.alpha:.2g}")
+                       source=f"{source}; decided at a false-alarm rate of {decision.alpha:.2g}")
 
     def judge(self, value) -> Verdict:
         if self.not_comparable:
@@ -172,6 +173,7 @@ class Measurement:
             "verdict": self.verdict.value,
             "basis": self.basis.value,
             "cause": self.spec.cause(),
+            **({"decided": self.spec.decided} if self.spec.decided else {}),
             **({"better": self.spec.better} if self.spec.better else {}),
             **({"not_comparable": self.spec.not_comparable} if self.verdict is Verdict.NOT_COMPARABLE else {}),
             **({"published": self.spec.published_key, "published_value": self.spec.published_value}

@@ -36,8 +36,7 @@ def ground_truth(world, fault_ns: int, result: RecoveryResult, restart: "Restart
     restarted_ns = restart.restarted_ns if restart else result.restarted_ns
 
     def first_steps():
-        return [e for e in world.events_of("job.step", lead) if e.t_ns > (restarted_ns or fault_ns)
-                and e.detail.get("step") == 1]
+        return [t for step, t in _told_steps(world, lead, restarted_ns or fault_ns).items() if step == 1]
 
     # The emulated job tells the world of a step just after it prints it (so the world's
     # bookkeeping never delays what the host sees): a step the harness saw may reach the world
@@ -47,7 +46,7 @@ def ground_truth(world, fault_ns: int, result: RecoveryResult, restart: "Restart
     while not steps and seen is not None and time.monotonic() < until:
         world.wait_for_change(until - time.monotonic())
         steps = first_steps()
-    truth = RecoveryTruth(fault_ns, steps[0].t_ns if steps else None)
+    truth = RecoveryTruth(fault_ns, steps[0] if steps else None)
     lit = [e.t_ns for e in world.events_of("circuit.lit") if e.t_ns > fault_ns]
     ups = []
     end = truth.first_step_ns or world.now_ns()
@@ -72,22 +71,32 @@ def ground_truth(world, fault_ns: int, result: RecoveryResult, restart: "Restart
 STAMPED_STEPS = 4  # per rank of the new map: its first steps, stamped by both the world and its agent
 
 
+def _told_steps(world, host: str | None, since_ns: int) -> dict[int, int]:
+    """step -> the world's instant of it, for the steps ``host``'s rank (None: any) told the world after ``since_ns``."""
+    told: dict[int, int] = {}
+    for e in world.events_of("job.step", host):
+        if e.t_ns > since_ns:
+            told.setdefault(e.detail.get("step"), e.t_ns)
+    return told
+
+
 def stamp_pairs(session, world, ranks: list[str], since_ns: int, timeout_s: float) -> list[tuple[int, int]]:
     """(the world's instant, the agent's stamp) of each of the first :data:`STAMPED_STEPS` steps
     every rank of the new map completed after ``since_ns``. The emulated job takes the world's
-    instant just before it prints the step's line, and tells the world with its next question;
-    the rank's agent stamps the line as it reads it. A step's line comes alone, a step after the
-    last (the lines of a start come in a burst: a slow reader's delays add up along it). Waits
-    (woken by the agent) until every rank has printed one step more, so that the world has been
-    told of each step paired."""
+    instant just before it prints the step's line, and tells the world with its next question
+    (a moment after the line); the rank's agent stamps the line as it reads it. A step's line
+    comes alone, a step after the last (the lines of a start come in a burst: a slow reader's
+    delays add up along it). Waits, woken by the agent and then by the world, until every rank
+    has both for each step, or ``timeout_s`` has passed: a pair missing is the caller's to judge."""
+    deadline = time.monotonic() + timeout_s
     pairs: list[tuple[int, int]] = []
     for host in ranks:
         agent = session.hosts[host]
-        agent.wait_step(STAMPED_STEPS + 1, timeout_s)
-        told: dict = {}
-        for e in world.events_of("job.step", host):
-            if e.t_ns > since_ns:
-                told.setdefault(e.detail.get("step"), e.t_ns)
+        agent.wait_step(STAMPED_STEPS, max(0.0, deadline - time.monotonic()))
+        told = _told_steps(world, host, since_ns)
+        while STAMPED_STEPS not in told and time.monotonic() < deadline:
+            world.wait_for_change(min(1.0, deadline - time.monotonic()))
+            told = _told_steps(world, host, since_ns)
         pairs += [(told[step], seen) for step, seen in agent.job_steps(0)
                   if step <= STAMPED_STEPS and seen > since_ns and step in told]
     return pairs
@@ -96,16 +105,29 @@ def stamp_pairs(session, world, ranks: list[str], since_ns: int, timeout_s: floa
 MEASUREMENT_MARGIN_S = 0.005  # the harness's requirement: its stamps within 5 ms of the world's instants
 
 
+@dataclass(frozen=True)
+class StampError:
+    decision: decisions.Decision
+    expected: int  # pairs a whole sample has: every rank's first STAMPED_STEPS steps
+
+    @property
+    def complete(self) -> bool:
+        return self.decision.n_after == self.expected
+
+
 def stamp_error(session, world, restart: Restart, timeout_s: float,
-                alpha: float = decisions.RECOVERY_ERROR_ALPHA) -> decisions.Decision:
-    """Whether the agents' stamps of the restarted job (what every recovery time is measured
-    from) differ from the world's instants by more than :data:`MEASUREMENT_MARGIN_S`: a paired
-    decision over :func:`stamp_pairs` (the trimmed mean of the stamps' lateness; a line a busy
-    core delayed weighs little, a host that reports every line late shows in all of them)."""
+                alpha: float = decisions.RECOVERY_ERROR_ALPHA) -> StampError:
+    """Whether the agents' stamps of the restarted job's steps (what ``recovery_to_first_step``
+    is measured from) differ from the world's instants by more than :data:`MEASUREMENT_MARGIN_S`:
+    a paired decision over :func:`stamp_pairs` (the trimmed mean of the stamps' lateness; a line
+    a busy core delayed weighs little, a host that reports every line late shows in all of
+    them). Its rate is nominal: it takes the pairs as independent, while a host's pairs share its
+    clock mapping and the ranks' lines of one step are read at one moment."""
     pairs = stamp_pairs(session, world, restart.ranks, restart.restarted_ns, timeout_s)
-    return decisions.compare([t / 1e9 for t, _ in pairs], [s / 1e9 for _, s in pairs], paired=True, alpha=alpha,
-                             margin=MEASUREMENT_MARGIN_S, unit="s",
-                             what="the agents' stamps of the restarted job minus the world's instants")
+    decision = decisions.compare([t / 1e9 for t, _ in pairs], [s / 1e9 for _, s in pairs], paired=True, alpha=alpha,
+                                 margin=MEASUREMENT_MARGIN_S, unit="s",
+                                 what="the agents' stamps of the restarted job's steps minus the world's instants")
+    return StampError(decision, len(restart.ranks) * STAMPED_STEPS)
 
 
 def _made_between(world, lo_ns: int, hi_ns: int) -> set[tuple[int, int]]:

@@ -227,15 +227,18 @@ def test_recovery_time(session, bench_file, running_job, fault_kind, measure, ti
             final_plan_added=overhead.added, final_plan_removed=overhead.removed)
     if session.world is not None:  # the emulated world knows what truly happened
         truth = ground_truth(session.world, fault_ns, result, restart)
-        # The stamps every recovery time is measured from, against the world's instants: a decision
-        # over the first steps of every rank, not one sample (a busy core delays an
+        # The stamps recovery_to_first_step is measured from, against the world's instants: a
+        # decision over the first steps of every rank, not one sample (a busy core delays an
         # agent's read of one line by several ms now and then; a slow agent delays every line).
+        # A sample with pairs missing (a rank that never printed them) decides nothing: no pass.
         error = stamp_error(session, session.world, restart, bench_file.waits.recovery_s)
+        decision = error.decision
         measure(Spec("recovery_measurement_error", "s", software=True, description="the agents' stamps of the "
-                     "restarted job (the first steps of every rank) minus the world's instants: "
-                     "the trimmed mean of the paired differences").in_range(
-            -error.margin, error.margin, "harness requirement: the stamps within 5 ms of ground truth").decided_by(error),
-            error.effect, decision=error.text(1000, "ms"), interval_s=[error.low, error.high], pairs=error.n_after,
+                     "restarted job's steps (the first steps of every rank) minus the world's instants: the "
+                     "trimmed mean of the paired differences").decided_by(
+            decision, "harness requirement: the stamps within 5 ms of ground truth"),
+            decision.effect if error.complete else None, decision=decision.text(1000, "ms"),
+            interval_s=[decision.low, decision.high], pairs=decision.n_after, pairs_expected=error.expected,
             first_step_error_s=None if truth.total_s is None else total_s - truth.total_s)
         # The old way, recorded beside it: the controller's phases minus the physics inside each.
         reported = sum(result.phase_s(p) - physical for p, physical in truth.physical_s.items()) + truth.between_phases_s

@@ -114,7 +114,7 @@ def test_a_decision_judges_a_measurement_one_late_line_is_noise_every_late_line_
 
     def judged(late: np.ndarray):
         decision = compare(world, world + late, paired=True, margin=0.005, alpha=decisions.RECOVERY_ERROR_ALPHA)
-        spec = Spec("recovery_measurement_error", "s").decided_by(decision)
+        spec = Spec("recovery_measurement_error", "s").decided_by(decision, "within 5 ms")
         return spec.judge(decision.effect), decision
 
     one_late = read.copy()
@@ -124,5 +124,5 @@ def test_a_decision_judges_a_measurement_one_late_line_is_noise_every_late_line_
     verdict, decision = judged(read + 0.020)
     assert verdict is Judged.FAIL and decision.low > 0.005, decision.text(1000, "ms")
     nothing = compare([], [], paired=True, margin=0.005, alpha=decisions.RECOVERY_ERROR_ALPHA)
-    assert Spec("e", "s").decided_by(nothing).judge(nothing.effect) is Judged.FAIL
-    assert "false-alarm rate of 1e-05" in Spec("e", "s").decided_by(nothing).source
+    assert Spec("e", "s").decided_by(nothing, "x").judge(nothing.effect) is Judged.FAIL
+    assert Spec("e", "s").decided_by(nothing, "x").source == "x; decided at a false-alarm rate of 1e-05"
