@@ -96,7 +96,7 @@ def _deviations(groups: list[dict[int, float]]) -> dict[int, float]:
 
 def _location(values: Iterable[float]) -> float:
     v = list(values)
-    return float(decisions.stats.trim_mean(v, decisions.TRIM)) if v else 0.0
+    return float(decisions.stats().trim_mean(v, decisions.TRIM)) if v else 0.0
 
 
 def compare(bench, recorded: list[dict], replayed: list[dict], time_scale: float, *,
