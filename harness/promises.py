@@ -160,11 +160,14 @@ class PromiseChecks(ABC):
         fed = set(live.values())
         watched = {(host, nic.name): next(iter(self.bench.detectors_for_port(nic.rx_port)), None)
                    for host in self.ranks for nic in self.bench.host(host).nics if nic.rx_port in fed}
-        # Every host asked at once, every detector read together; judged in order below.
+        # Every host asked at once (the lead rank for the job's status too), every detector read
+        # together; judged in order below.
+        lead = self.session.hosts[self.ranks[0]]
         asked = at_once({**{(host, "health"): self.session.hosts[host].health for host in self.ranks},
-                               **{(host, "links"): self.session.hosts[host].links for host in self.ranks},
-                               ("light", None): lambda: self.session.received_dbms(
-                                   [d for d in watched.values() if d is not None])})
+                         **{(host, "links"): self.session.hosts[host].links for host in self.ranks},
+                         ("light", None): lambda: self.session.received_dbms(
+                             [d for d in watched.values() if d is not None]),
+                         ("job", None): lead.job_status})
         for host in self.ranks:
             if any(g.lost for g in self._answer(asked, (host, "health"))):
                 raise Broken("the job runs on healthy GPUs", f"{host}'s GPU is lost and it is in the job {self.ranks}")
@@ -181,7 +184,7 @@ class PromiseChecks(ABC):
                 state = links.get(nic.interface or nic.name)
                 if state is None or state.carrier != 1:
                     raise Broken("every circuit has carrier", f"{host}.{nic.name}: {state}")
-        status = self.session.hosts[self.ranks[0]].job_status()
+        status = self._answer(asked, ("job", None))
         if not status.running:
             raise Broken("the job runs", f"not running on {self.ranks}: {status.last_lines[-2:]}")
 
