@@ -18,7 +18,9 @@ from pathlib import Path
 @dataclass(frozen=True)
 class Profile:
     """How much to explore: ``sequences`` in all (split over ``shards``, which pytest-xdist may
-    run on several workers), each of 1 to ``max_steps`` steps (so about half that on average)."""
+    run on several workers), each of 1 to ``max_steps`` steps (so about half that on average).
+    With ``shrink``, a story that breaks a promise is told again, shorter and simpler, until it
+    is as small as it can be (Hypothesis's shrinking); without, it is saved as it was found."""
 
     name: str
     sequences: int
@@ -26,6 +28,7 @@ class Profile:
     shards: int
     seed: int
     examples_dir: Path
+    shrink: bool = True
 
     def database(self, bench) -> Path:
         """The per-bench example database (failing stories are tried first next time)."""
@@ -72,15 +75,16 @@ def shards_of_part(name: str | None, part: str | None) -> list[int]:
     return [i for i in range(count) if i % n == k - 1]
 
 
-def profile(name: str, seed: int, examples_dir: Path, sequences: int | None = None, bench=None) -> Profile:
+def profile(name: str, seed: int, examples_dir: Path, sequences: int | None = None, bench=None, *,
+            shrink: bool = True) -> Profile:
     """Profile ``name``: ``sequences`` if given, else as many as the bench file says for it
-    (``emulator.explore``), else the profile's own."""
+    (``emulator.explore``), else the profile's own; a broken story shrunk unless ``shrink`` is false."""
     if name not in PROFILES:
         raise ValueError(f"unknown exploration profile {name!r}; known: {', '.join(PROFILES)}")
     count, max_steps, pieces = _SIZES[name]
     if not sequences and bench is not None:
         sequences = bench.emulator.explore.get(name)
-    return Profile(name, sequences or count, max_steps, pieces, seed, examples_dir)
+    return Profile(name, sequences or count, max_steps, pieces, seed, examples_dir, shrink)
 
 
 # The detection and recovery paths of the reference controller that a ci run on a bench that can

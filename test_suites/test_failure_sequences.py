@@ -154,7 +154,7 @@ def test_failure_sequences(shard, session, bench_file, exploration, measure, rec
     @settings(max_examples=examples, deadline=None, derandomize=False, print_blob=False,
               database=DirectoryBasedExampleDatabase(str(profile.database(bench_file))),
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-              phases=[Phase.reuse, Phase.generate, Phase.shrink])
+              phases=[Phase.reuse, Phase.generate, *([Phase.shrink] if profile.shrink else [])])
     @seed(the_seed)
     @given(st.data())
     def sequence(data):

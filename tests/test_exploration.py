@@ -53,6 +53,28 @@ def test_a_broken_controller_is_caught_and_shrunk_to_a_short_story(tmp_path, def
     assert all(s.host for s in story.steps if s.action != "quiet")  # hosts by name, never by index
 
 
+def test_without_shrinking_the_broken_story_is_saved_as_found_and_told_once(tmp_path):
+    """--explore-no-shrink: the same seed breaks the same promise, the story saved is the one found
+    (no shorter than the shrunk one), and Hypothesis tells no story again to shrink it."""
+    told = {}
+    for shrink in (True, False):
+        out = tmp_path / ("shrunk" if shrink else "as-found")
+        out.mkdir()
+        status, output, stories = explore(out, BENCHES / "exploration.yaml", "--explore", "ci", "--explore-sequences",
+                                          "240", "--explore-seed", "11", "--explore-shard", "1/2", "--defect",
+                                          "never_degraded", *([] if shrink else ["--explore-no-shrink"]))
+        assert status == 1 and len(stories) == 1, output[-3000:]
+        lines = [json.loads(line) for line in (out / "results" / "records" / "run.jsonl").read_text().splitlines()]
+        noted = [m for m in lines if m.get("type") == "note" and m.get("text") == "exploration"]
+        assert noted and noted[0]["shrink"] is shrink, noted
+        run = [m["attrs"]["sequences_run"] for m in lines if m.get("name") == "sequences_explored"]
+        told[shrink] = (Story.load(stories[0]), run[0])
+    (shrunk, shrinking_run), (found, found_run) = told[True], told[False]
+    assert found.broke.split(":")[0] == shrunk.broke.split(":")[0] == "a recovery succeeds or says degraded"
+    assert len(found.steps) >= len(shrunk.steps), (found.steps, shrunk.steps)
+    assert found_run < shrinking_run, (found_run, shrinking_run)
+
+
 def test_the_reference_controller_keeps_every_promise_on_a_short_exploration(tmp_path):
     # (CI's own run explores the ci profile's 200 on this bench: here, a few, to stand alone; the
     # first of its two shards, 12 sequences from seed 5, judged on the paths they reach)
