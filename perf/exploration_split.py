@@ -26,14 +26,20 @@ from pathlib import Path
 
 import pytest
 
-try:
+# The code of --before held the explorer in exploration.py and the covered-spans helper in
+# recovery.py: looked for there first. Importing a module that tree lacks finds this tree's
+# (the editable install maps the package's folders), and timing this tree's explorer would
+# time nothing of that run.
+from lumion_hil.harness import exploration as _exploration, recovery as _recovery
+
+if hasattr(_exploration, "Explorer"):
+    _explorer = _exploration
+else:
     from lumion_hil.harness import explorer as _explorer
-except ImportError:  # the code before the explorer had a module of its own (--before): exploration.py held it
-    from lumion_hil.harness import exploration as _explorer
-try:  # how much of [lo, hi] spans cover, once
+if hasattr(_recovery, "_covered_ns"):  # how much of [lo, hi] spans cover, once
+    _union_ns = _recovery._covered_ns
+else:
     from lumion_hil.harness.overhead import _covered_ns as _union_ns
-except ImportError:  # the code before the overhead had a module of its own (--before): recovery.py held it
-    from lumion_hil.harness.recovery import _covered_ns as _union_ns
 
 _OUT = os.environ.get("LUMION_HIL_SPLIT_OUT")
 
