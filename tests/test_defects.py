@@ -196,10 +196,11 @@ MAGNITUDE = {"restart_first_dawdle": ("controller_overhead_total", 0.4, 0.4 + 0.
              "wrong_spare_first": ("controller_overhead_total", 0.3, 0.3 + 0.25)}
 
 # Options beyond the bench, the scale and -k that a proof runs with.
-# The exploring proofs' broken stories are not shrunk: each telling of one waits out a recovery's
-# deadline (a fade goes unseen; a recovery takes 4 s), and shrinking told them again for minutes.
+# The exploring proofs' broken stories are not shrunk: each telling of one waits out a deadline
+# (a fade goes unseen; a recovery takes 4 s; the lead rank waits for peers that never start),
+# and shrinking told them again and again (the fading-light proof for minutes).
 EXTRA = {"ignores_fading_light": ["--explore", "ci", "--explore-sequences", "15", "--explore-no-shrink"],
-         "slow_controller=4000": ["--explore-no-shrink"]}
+         "slow_controller=4000": ["--explore-no-shrink"], "lead_only_restart": ["--explore-no-shrink"]}
 
 
 def run_with_defect(tmp_path, defect, suites, k, scale, bench_factory):
