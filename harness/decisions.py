@@ -45,15 +45,9 @@ from typing import Hashable, Sequence, TypedDict
 
 import numpy as np
 
-
-def stats():
-    """``scipy.stats``, imported at the first decision rather than with this module: it costs
-    most of a second of CPU, and every process that imports the recovery suite's code (each pytest
-    worker, each suite run, the failure sequences that make no decision) would pay it."""
-    from scipy import stats as scipy_stats
-
-    return scipy_stats
-
+# scipy.stats is imported by the functions that use it, at the first decision, not with this
+# module: it costs most of a second of CPU, and every process that imports the recovery suite's
+# code (each pytest worker, each suite run, the failure sequences that make no decision) paid it.
 
 TRIM = 0.2  # each side's 20% most extreme samples weigh least (Yuen's trimmed means)
 MIN_SAMPLES = 3  # a side (or pairs) of fewer cannot show a difference at the rates used here: undecided
@@ -159,9 +153,11 @@ def _finite(values: Sequence[float]) -> np.ndarray:
 
 def _trimmed_sd(x: np.ndarray) -> float:
     """The winsorized standard deviation Yuen's test uses (0: no spread at all)."""
+    from scipy import stats
+
     if len(x) < 2:
         return 0.0
-    return float(np.std(np.asarray(stats().mstats.winsorize(x, limits=(TRIM, TRIM))), ddof=1))
+    return float(np.std(np.asarray(stats.mstats.winsorize(x, limits=(TRIM, TRIM))), ddof=1))
 
 
 def compare(before: Sequence[float], after: Sequence[float], *, margin: float, alpha: float, what: str = "",
@@ -198,29 +194,33 @@ def compare(before: Sequence[float], after: Sequence[float], *, margin: float, a
 
 
 def _paired(differences: np.ndarray, base: _Shared, level: float, margin: float) -> Decision:
+    from scipy import stats
+
     # Yuen's test of the differences against none (a one-sample trimmed t; scipy's two-sample
     # form with a side of zeros, whose spread is nothing, is exactly that)
-    result = stats().ttest_ind(differences, np.zeros_like(differences), equal_var=False, trim=TRIM)
-    effect = float(stats().trim_mean(differences, TRIM))
+    result = stats.ttest_ind(differences, np.zeros_like(differences), equal_var=False, trim=TRIM)
+    effect = float(stats.trim_mean(differences, TRIM))
     return _answer(base, result, effect, _trimmed_sd(differences), level, margin,
                    "paired, Yuen (20% trimmed mean of the differences)")
 
 
 def _compare(x: np.ndarray, y: np.ndarray, base: _Shared, level: float, margin: float) -> Decision:
+    from scipy import stats
+
     if min(len(x), len(y)) < MIN_SAMPLES and not (min(len(x), len(y)) == 1 and max(len(x), len(y)) >= MIN_SAMPLES):
         effect = float(np.mean(y) - np.mean(x))
         return Decision(**base, effect=effect, low=None, high=None, verdict=Verdict.UNDECIDED, method="-",
                         why=f"too few samples: at least {MIN_SAMPLES} a side (or one against {MIN_SAMPLES})")
     if min(len(x), len(y)) == 1:
         # One new figure against several: the Student interval of a new observation.
-        result = stats().ttest_ind(y, x, equal_var=True)
+        result = stats.ttest_ind(y, x, equal_var=True)
         method = "prediction interval (Student)"
         effect = float(np.mean(y) - np.mean(x))
         spread = float(np.std(x if len(x) > 1 else y, ddof=1))
     else:
-        result = stats().ttest_ind(y, x, equal_var=False, trim=TRIM)
+        result = stats.ttest_ind(y, x, equal_var=False, trim=TRIM)
         method = "Yuen-Welch, 20% trimmed means"
-        effect = float(stats().trim_mean(y, TRIM) - stats().trim_mean(x, TRIM))
+        effect = float(stats.trim_mean(y, TRIM) - stats.trim_mean(x, TRIM))
         spread = max(_trimmed_sd(x), _trimmed_sd(y))
     return _answer(base, result, effect, spread, level, margin, method)
 

@@ -95,8 +95,10 @@ def _deviations(groups: list[dict[int, float]]) -> dict[int, float]:
 
 
 def _location(values: Iterable[float]) -> float:
+    from scipy import stats  # at the first report, as harness/decisions.py imports it
+
     v = list(values)
-    return float(decisions.stats().trim_mean(v, decisions.TRIM)) if v else 0.0
+    return float(stats.trim_mean(v, decisions.TRIM)) if v else 0.0
 
 
 def compare(bench, recorded: list[dict], replayed: list[dict], time_scale: float, *,

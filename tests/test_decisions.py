@@ -3,6 +3,9 @@ see what they should, and the CI run's rates add up to its budget."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -126,3 +129,14 @@ def test_a_decision_judges_a_measurement_one_late_line_is_noise_every_late_line_
     nothing = compare([], [], paired=True, margin=0.005, alpha=decisions.RECOVERY_ERROR_ALPHA)
     assert Spec("e", "s").decided_by(nothing, "x").judge(nothing.effect) is Judged.FAIL
     assert Spec("e", "s").decided_by(nothing, "x").source == "x; decided at a false-alarm rate of 1e-05"
+
+
+def test_scipy_is_imported_at_the_first_decision_not_with_the_harness():
+    """scipy.stats costs most of a second at import: a process that imports the recovery suite's
+    code and decides nothing (a failure-sequence run, a pytest worker) does not pay it."""
+    probe = ("import sys, lumion_hil.harness.recovery, lumion_hil.harness.fidelity, lumion_hil.harness.decisions as d; "
+             "print('scipy.stats' in sys.modules); d.compare([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], margin=1.0, alpha=0.01); "
+             "print('scipy.stats' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "True"], proc.stdout
