@@ -183,7 +183,7 @@ def main() -> None:
           "physics floor: s, per min, run / floor, shards / floor")
     for name, r in runs:
         f = floor(r, args.workers)
-        # the split's timers fit the explorer of this tree; older code may time nothing: no floor
+        # a run whose explorer the split could not time (code older than --before's) has no floor
         floor_text = (f"{f['floor_s']:6.1f} {f['per_min']:8.1f} {f['of_run']:6.2f}x {f['of_shards']:6.2f}x"
                       if f["floor_s"] else "  (not split: no physics read)")
         print(f"  {name:22s} {r['sequences']:9.0f} {r['wall_s']:8.1f} {r['per_min']:8.1f} {r['recoveries']:10.0f} "

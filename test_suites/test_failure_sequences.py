@@ -169,7 +169,7 @@ def test_failure_sequences(shard, session, bench_file, exploration, measure, rec
                 outcome = explorer.apply(step)
                 note(f"{len(steps)}. {step.describe()}: {outcome}")
                 explorer.check()
-            if not told["shrinking"]:  # after the first broken story, Hypothesis only shrinks it
+            if not told["shrinking"]:  # after the first broken story, Hypothesis only tells it again (or shrinks it)
                 stories.add(tuple(step.describe() for step in steps))
         except Exception as broken:  # a promise broken, or the harness itself failing: both are stories
             told["broke"] = f"{type(broken).__name__}: {broken}" if not isinstance(broken, Broken) else str(broken)

@@ -195,10 +195,11 @@ MAGNITUDE = {"restart_first_dawdle": ("controller_overhead_total", 0.4, 0.4 + 0.
              "restart_first_dawdle=600": ("controller_overhead_total", 0.6, 0.6 + 0.25),
              "wrong_spare_first": ("controller_overhead_total", 0.3, 0.3 + 0.25)}
 
-# Options beyond the bench, the scale and -k that a proof runs with.
-# The exploring proofs' broken stories are not shrunk: each telling of one waits out a deadline
-# (a fade goes unseen; a recovery takes 4 s; the lead rank waits for peers that never start),
-# and shrinking told them again and again (the fading-light proof for minutes).
+# Options beyond the bench, the scale and -k that a defect's proofs run with (the suites other than
+# the failure sequences ignore the explore options). The failure sequences' broken stories are
+# not shrunk (--explore-no-shrink): each telling of one waits out a deadline (a fade goes unseen;
+# a recovery takes 4 s; the lead rank waits for peers that never start), and shrinking told them
+# again and again (the fading-light proof for minutes).
 EXTRA = {"ignores_fading_light": ["--explore", "ci", "--explore-sequences", "15", "--explore-no-shrink"],
          "slow_controller=4000": ["--explore-no-shrink"], "lead_only_restart": ["--explore-no-shrink"]}
 
