@@ -65,21 +65,6 @@ def missing(part: str, why: str):
     pytest.skip(why)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups to schedule by them
-def pytest_collection_modifyitems(items) -> None:
-    """The tests marked ``alone`` (they judge timing against ground truth; a loaded core moves their
-    figures) are one xdist group: one worker runs them one after another, never two at once, while
-    the other workers run the rest beside them, a core each (scripts/tests: as many workers as
-    cores). That is the condition perf/flakes.py proves every ``alone`` test in: beside one busy
-    core. Once they are done, their worker takes its share of the rest."""
-    for item in items:
-        if item.get_closest_marker("alone") is not None:
-            if item.get_closest_marker("xdist_group") is not None:
-                raise pytest.UsageError(f"{item.nodeid}: a test marked alone is in the alone xdist group; "
-                                        "it cannot also be in another")
-            item.add_marker(pytest.mark.xdist_group("alone"))
-
-
 def pytest_runtest_setup(item) -> None:
     for mark in item.iter_markers("missing_part"):
         part = mark.kwargs["part"]
