@@ -30,6 +30,7 @@ def session():
         yield s
 
 
+@pytest.mark.alone  # timing judged against the world's instant
 def test_failed_gpu_shows_as_xid_within_milliseconds(session):
     agent = session.hosts["host1"]
     got = {}
@@ -50,6 +51,7 @@ def test_no_xid_is_a_timeout_not_an_error(session):
     assert session.hosts["host0"].wait_xid(0.2) is None
 
 
+@pytest.mark.alone  # timing judged against the world's instant
 def test_cut_circuit_takes_carrier_down_at_the_worlds_instant(session):
     agent = session.hosts["host1"]
     assert agent.wait_link("p1", up=True, timeout_s=5).carrier == 1
@@ -63,6 +65,7 @@ def test_cut_circuit_takes_carrier_down_at_the_worlds_instant(session):
     assert counters.carrier_down_count is not None and counters.carrier_down_count >= 1
 
 
+@pytest.mark.alone  # timing judged against the world's instant
 def test_clock_mapping_places_offset_host_events_within_the_uncertainty():
     bench = load_bench(BENCHES / "emulated.yaml", time_scale=0.1)
     offset = 7_300_000_000  # the host's clock runs 7.3 s ahead of the harness's

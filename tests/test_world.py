@@ -175,6 +175,7 @@ class _RacingClock(FakeClock):
         return t
 
 
+@pytest.mark.alone  # a wake-up judged in wall time
 def test_a_link_coming_up_between_two_questions_still_wakes_its_waiter(bench_cfg):
     """The agent's netlink wait: the link's state and its next change are read at one instant.
     Read apart, a link coming up in between left nothing to wait for, and the wait lasted to its
