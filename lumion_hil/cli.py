@@ -121,7 +121,8 @@ def run(bench_path: Path, time_scale: float | None, defects: tuple[str, ...], re
     # pytest empties the results folder itself once the options are known to be good, so a
     # mistyped option never wipes the last run's results.
     cmd = [sys.executable, "-m", "pytest", str(suites), "--bench", str(bench_path), "--alluredir", str(allure_results),
-           "--clean-alluredir", "--run-record", str(record), "-p", "no:cacheprovider", "--rootdir", str(suites),
+           "--clean-alluredir", "--run-record", str(record), "--results-dir", str(results), "-p", "no:cacheprovider",
+           "--rootdir", str(suites),
            # labgrid's own pytest plug-in (the labgrid extra) is not the suites' business: lumion-hil
            # holds the place itself (harness/places.py)
            "-p", "no:labgrid"]

@@ -206,7 +206,7 @@ EXTRA = {"ignores_fading_light": ["--explore", "ci", "--explore-sequences", "15"
 
 def run_with_defect(tmp_path, defect, suites, k, scale, bench_factory):
     bench = bench_factory(tmp_path) if bench_factory else BENCHES / "emulated.yaml"
-    record = tmp_path / "records" / "record.jsonl"  # the results (stories, examples) in tmp_path, the test's own
+    record = tmp_path / "records" / "record.jsonl"  # run in tmp_path: its results (stories, examples) there too
     cmd = [sys.executable, "-m", "pytest", *(str(SUITES / s) for s in suites), "-p", "no:cacheprovider", "--rootdir",
            str(SUITES), "--bench", str(bench), "--time-scale", str(scale), "--defect", defect, "--run-record",
            str(record), "-q", "-p", "no:randomly", *EXTRA.get(defect, [])]
@@ -257,7 +257,7 @@ def test_the_defect_turns_its_verdict_red_and_nothing_else(tmp_path, defect, sui
 def full_run(tmp_path_factory) -> list[dict]:
     """The run record of every suite on the default bench (at a tenth of real time)."""
     tmp = tmp_path_factory.mktemp("full-run")
-    record = tmp / "records" / "record.jsonl"  # the results (stories, examples) in tmp, this run's own
+    record = tmp / "records" / "record.jsonl"  # run in tmp: its results (stories, examples) there too
     cmd = [sys.executable, "-m", "pytest", str(SUITES), "-p", "no:cacheprovider", "--rootdir", str(SUITES), "--bench",
            str(BENCHES / "emulated.yaml"), "--time-scale", "0.1", "--run-record", str(record), "-q", "-p", "no:randomly"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp,

@@ -22,9 +22,10 @@ SUITE = ROOT / "test_suites" / "test_failure_sequences.py"
 
 
 def explore(tmp_path: Path, bench: Path, *extra: str, timeout: float = 300) -> tuple[int, str, list[Path]]:
-    results = tmp_path / "results"
+    results = tmp_path / "out"  # not ./results: the stories are found where --results-dir says
     cmd = [sys.executable, "-m", "pytest", str(SUITE), "--bench", str(bench), "-p", "no:cacheprovider",
-           "--rootdir", str(SUITE.parent), "--run-record", str(results / "records" / "run.jsonl"), "-q", *extra]
+           "--rootdir", str(SUITE.parent), "--run-record", str(results / "records" / "run.jsonl"),
+           "--results-dir", str(results), "-q", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
     return proc.returncode, proc.stdout + proc.stderr, sorted((results / "stories").glob("*.yaml"))
 
@@ -64,7 +65,7 @@ def test_without_shrinking_the_broken_story_is_saved_and_not_told_again_to_shrin
                                           "240", "--explore-seed", "11", "--explore-shard", "1/2", "--defect",
                                           "never_degraded", *([] if shrink else ["--explore-no-shrink"]))
         assert status == 1 and len(stories) == 1, output[-3000:]
-        lines = [json.loads(line) for line in (out / "results" / "records" / "run.jsonl").read_text().splitlines()]
+        lines = [json.loads(line) for line in (out / "out" / "records" / "run.jsonl").read_text().splitlines()]
         noted = [m for m in lines if m.get("type") == "note" and m.get("text") == "exploration"]
         assert noted and noted[0]["shrink"] is shrink, noted
         run = [m["attrs"]["sequences_run"] for m in lines if m.get("name") == "sequences_explored"]
@@ -87,7 +88,7 @@ def test_the_paths_of_a_profiles_shards_are_judged_once_on_their_sum(tmp_path):
     # the one that ends last judges the two together
     explore(tmp_path, BENCHES / "exploration.yaml", "--explore", "ci", "--explore-sequences", "8",
             "--explore-seed", "5")
-    lines = [json.loads(line) for line in (tmp_path / "results" / "records" / "run.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (tmp_path / "out" / "records" / "run.jsonl").read_text().splitlines()]
     per_shard = {m["attrs"]["shard"]: m["attrs"]["reached"] for m in lines if m.get("name") == "paths_reached"}
     judged = [m for m in lines if m.get("name") == "paths_not_reached"]
     assert sorted(per_shard) == [0, 1] and len(judged) == 1, lines
