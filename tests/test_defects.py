@@ -221,9 +221,12 @@ def run_with_defect(tmp_path, defect, suites, k, scale, bench_factory):
 def _alone(proof) -> list:
     """A proof that runs the recovery suite, or at real time, judges timing against ground truth
     (recovery_measurement_error, controller_overhead_total among the verdicts that must stay
-    green): scripts/tests runs it alone. The others may share the machine with another test."""
+    green): scripts/tests runs it alone. The others may share the machine with another test; those
+    that tell stories at a fiftieth of real time on the whole machine (marked scaled)."""
     _, suites, _, scale, *_ = proof
-    return [pytest.mark.alone] if "test_recovery_time.py" in suites or scale >= 1.0 else []
+    if "test_recovery_time.py" in suites or scale >= 1.0:
+        return [pytest.mark.alone]
+    return [pytest.mark.scaled] if scale < 0.1 else []  # stories at a fiftieth of real time: never held
 
 
 @pytest.mark.parametrize("defect,suites,k,scale,bench_factory,red",

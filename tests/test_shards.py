@@ -16,6 +16,9 @@ from lumion_hil.harness.exploration import shards_of_part
 
 from conftest import BENCHES
 
+# Stories told at a fiftieth of real time: never held to a shared core (scripts/tests).
+pytestmark = pytest.mark.scaled
+
 SEED = "20261202"
 # The nightly profile's 8 shards, one sequence each: what is explored, not how much, is checked.
 NIGHTLY = ["--explore", "nightly", "--explore-sequences", "8", "--explore-seed", SEED]
