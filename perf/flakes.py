@@ -77,11 +77,7 @@ def main() -> int:
                                        "-p", "no:cacheprovider", f"--junitxml={junit}"],
                                       cwd=ROOT, env=env, capture_output=True, text=True)
                 outcomes = _outcomes(junit)
-                for test, (outcome, why) in outcomes.items():
-                    tallies[test][outcome] += 1
-                    if outcome == "failed":
-                        failures[test].append(f"run {run}: {why}")
-                bad = [t for t, (o, _) in outcomes.items() if o == "failed"]
+                bad = count(outcomes, run, tallies, failures)
                 if args.keep is not None and (bad or done.returncode not in (0, 5)):
                     args.keep.mkdir(parents=True, exist_ok=True)
                     (args.keep / f"run-{run}.log").write_text(done.stdout + done.stderr)
@@ -95,7 +91,24 @@ def main() -> int:
         if busy is not None:
             busy.terminate()
             busy.wait()
-    print(f"\npass rate per test ({args.runs} runs{', beside a busy core' if busy else ''}):")
+    return print_tallies(tallies, failures, f"{args.runs} runs{', beside a busy core' if busy else ''}", started,
+                         load_before[0])
+
+
+def count(outcomes: dict[str, tuple[str, str]], run: int, tallies: dict[str, collections.Counter],
+          failures: dict[str, list[str]]) -> list[str]:
+    """Adds one run's outcomes to the tallies and the failures' first lines; the tests that failed."""
+    for test, (outcome, why) in outcomes.items():
+        tallies[test][outcome] += 1
+        if outcome == "failed":
+            failures[test].append(f"run {run}: {why}")
+    return [t for t, (o, _) in outcomes.items() if o == "failed"]
+
+
+def print_tallies(tallies: dict[str, collections.Counter], failures: dict[str, list[str]], how: str, started: float,
+                  load_before: float) -> int:
+    """Each test's pass rate and its first failures, then the totals; 1 where any run failed."""
+    print(f"\npass rate per test ({how}):")
     for test, tally in sorted(tallies.items()):
         runs = sum(tally.values())
         print(f"  {tally['passed']:3}/{runs - tally['skipped']:<3} {test}"
@@ -104,7 +117,7 @@ def main() -> int:
             print(f"        {line}")
     load_after = os.getloadavg()
     print(f"\n{sum(t['failed'] for t in tallies.values())} failures in {sum(sum(t.values()) for t in tallies.values())} "
-          f"test runs; {time.monotonic() - started:.0f} s; load average before {load_before[0]:.2f}, after "
+          f"test runs; {time.monotonic() - started:.0f} s; load average before {load_before:.2f}, after "
           f"{load_after[0]:.2f} (1 min), {load_after[2]:.2f} (15 min)")
     return 1 if any(t["failed"] for t in tallies.values()) else 0
 
