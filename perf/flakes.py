@@ -13,6 +13,11 @@ design (more samples, a stated decision, harness/decisions.py), never a wider to
     .venv/bin/python perf/flakes.py                  # every such test, 20 times (hours: the alone phase x 20)
     .venv/bin/python perf/flakes.py --runs 5 -k recovery
     .venv/bin/python perf/flakes.py --no-busy-core   # the same on a quiet machine
+    .venv/bin/python perf/flakes.py --beside-others --runs 5   # as scripts/tests runs them (below)
+
+--beside-others: instead of the busy loop, the other tests run beside the alone tests as
+scripts/tests runs them (on two workers, held to every core but the first by scripts/held, the
+ones marked scaled left out), and their outcomes are counted too: both sides of that phase.
     .venv/bin/python perf/flakes.py --keep /tmp/flakes   # each failing run's whole pytest output kept there
 """
 
@@ -55,6 +60,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=20, help="how many times each test runs (default 20)")
     parser.add_argument("-k", dest="keyword", default=None, help="only the tests pytest's -k selects")
     parser.add_argument("--no-busy-core", action="store_true", help="no busy loop beside the tests")
+    parser.add_argument("--beside-others", action="store_true",
+                        help="the other tests beside them, held, as scripts/tests runs them (no busy loop)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the whole pytest output (and its JUnit XML) of every run with a failure here")
     args = parser.parse_args()
@@ -62,27 +69,44 @@ def main() -> int:
     env = {**os.environ, "LUMION_HIL_LOCK_DIR": os.environ.get("LUMION_HIL_LOCK_DIR") or tempfile.mkdtemp(
         prefix="lumion-hil-flakes-")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    busy = None if args.no_busy_core else subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    busy = None if args.no_busy_core or args.beside_others else subprocess.Popen(
+        [sys.executable, "-c", "while True: pass"])
+    beside = "beside the others, held" if args.beside_others else "beside a busy core" if busy else "on a quiet machine"
     tallies: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     failures: dict[str, list[str]] = collections.defaultdict(list)
     started, load_before = time.monotonic(), os.getloadavg()
-    print(f"{'beside a busy core' if busy else 'on a quiet machine'}: {args.runs} runs; load average "
+    print(f"{beside}: {args.runs} runs; load average "
           f"{load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}", flush=True)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for run in range(1, args.runs + 1):
                 junit = Path(tmp) / f"run-{run}.xml"
                 t0 = time.monotonic()
+                others = None
+                if args.beside_others:
+                    others_log = (Path(tmp) / f"others-{run}.log").open("w")
+                    others = subprocess.Popen(
+                        [str(ROOT / "scripts" / "held"), sys.executable, "-m", "pytest", "tests", "-n", "2", "--dist",
+                         "loadgroup", "-m", "not alone and not scaled", "-q", "-p", "no:cacheprovider",
+                         f"--junitxml={Path(tmp) / f'others-{run}.xml'}"],
+                        cwd=ROOT, env=env, stdout=others_log, stderr=subprocess.STDOUT)
                 done = subprocess.run([sys.executable, "-m", "pytest", "tests", "-m", "alone", *keyword, "-q",
                                        "-p", "no:cacheprovider", f"--junitxml={junit}"],
                                       cwd=ROOT, env=env, capture_output=True, text=True)
                 outcomes = _outcomes(junit)
+                if others is not None:
+                    others.wait()
+                    others_log.close()
+                    outcomes.update({f"held beside: {test}": outcome
+                                     for test, outcome in _outcomes(Path(tmp) / f"others-{run}.xml").items()})
                 bad = count(outcomes, run, tallies, failures)
                 if args.keep is not None and (bad or done.returncode not in (0, 5)):
                     args.keep.mkdir(parents=True, exist_ok=True)
                     (args.keep / f"run-{run}.log").write_text(done.stdout + done.stderr)
                     if junit.exists():
                         (args.keep / junit.name).write_bytes(junit.read_bytes())
+                    if others is not None:
+                        (args.keep / f"others-{run}.log").write_text((Path(tmp) / f"others-{run}.log").read_text())
                     print(f"  kept: {args.keep / f'run-{run}.log'}", flush=True)
                 print(f"run {run}/{args.runs}: {len(outcomes)} tests in {time.monotonic() - t0:.0f} s, "
                       f"{len(bad)} failed{': ' + ', '.join(bad) if bad else ''}; load average "
@@ -91,8 +115,7 @@ def main() -> int:
         if busy is not None:
             busy.terminate()
             busy.wait()
-    return print_tallies(tallies, failures, f"{args.runs} runs{', beside a busy core' if busy else ''}", started,
-                         load_before[0])
+    return print_tallies(tallies, failures, f"{args.runs} runs, {beside}", started, load_before[0])
 
 
 def count(outcomes: dict[str, tuple[str, str]], run: int, tallies: dict[str, collections.Counter],
