@@ -4,6 +4,7 @@ does not, the emulated one through the real backend), links, jobs, clock mapping
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -150,6 +151,32 @@ def test_agent_that_dies_is_a_clear_error_or_is_started_again_for_a_read(session
     with pytest.raises(InstrumentError, match="host3: 'health': the agent is not running .*starting it again failed"):
         agent.health()
     agent.close()
+
+
+def test_the_reader_of_an_ended_agent_wakes_only_the_calls_made_to_it(session):
+    """A restarted agent's first request was once woken by the old process's reader, which came to
+    the end of its output late (on a busy core, after the restart), and read as the new agent gone
+    too: "starting it again failed: the agent is not running (exit None)". The reader of an ended
+    process wakes the calls made to that process only."""
+    from lumion_hil.instruments.gpu_host.client import _Slot
+
+    agent = AgentClient("host3", session.backend.agent_argv("host3"))
+    try:
+        ended = subprocess.Popen([sys.executable, "-c", ""], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        ended.wait()
+        to_ended, to_live = _Slot(ended), _Slot(agent._proc)
+        with agent._lock:
+            agent._pending[-1], agent._pending[-2] = to_ended, to_live
+        agent._read(ended)  # its reader, at the end of its output
+        assert to_ended.done.is_set() and to_ended.reply is None
+        assert not to_live.done.is_set()
+        assert agent.health()[0].index == 0 and agent.restarts == 0  # the live agent answers, as it is
+    finally:
+        with agent._lock:
+            agent._pending.pop(-1, None)
+            agent._pending.pop(-2, None)
+        ended.stdout.close()
+        agent.close()
 
 
 def test_agent_whose_new_session_dies_at_once_is_a_clear_error_not_a_hang(session):

@@ -45,9 +45,11 @@ class _Gone(Exception):
 
 
 class _Slot:
-    """A call waiting for its reply: ``done`` is set once ``reply`` is in (None: the agent is gone)."""
+    """A call waiting for its reply from the agent's process ``proc``: ``done`` is set once
+    ``reply`` is in (None: that process is gone)."""
 
-    def __init__(self) -> None:
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
         self.done = threading.Event()
         self.reply: dict | None = None
         self.received_ns: int | None = None  # harness time the reply was read
@@ -155,10 +157,11 @@ class AgentClient(GpuHost, TransmitterControl):
                 slot.reply = reply
                 slot.received_ns = self.clock_ns()
                 slot.done.set()
-        with self._lock:  # the agent is gone: wake every waiter, and refuse those to come
+        with self._lock:  # the agent is gone: wake its waiters, and refuse those to come
             self._silent.add(proc)
             for slot in self._pending.values():
-                slot.done.set()
+                if slot.proc is proc:  # not a call to the agent started again since (its first, say)
+                    slot.done.set()
 
     def _drain_stderr(self, proc) -> None:
         for line in proc.stderr:
@@ -201,18 +204,21 @@ class AgentClient(GpuHost, TransmitterControl):
     def _call_once_unrecorded(self, method: str, reply_within_s: float | None,
                               params: dict) -> tuple[object, int, int, int]:
         rid = next(self._ids)
-        slot = _Slot()
         with self._lock:
-            silent = self._proc in self._silent
+            proc = self._proc
+            slot = _Slot(proc)
+            silent = proc in self._silent
             if not silent:
                 self._pending[rid] = slot
         if silent:
             raise _Gone(self._gone(method))
         sent = self.clock_ns()
+        stdin = proc.stdin
+        assert stdin is not None  # the agent is started with stdin=PIPE
         try:
             with self._write_lock:
-                self._stdin.write(wire.encode({"id": rid, "method": method, "params": params}))
-                self._stdin.flush()
+                stdin.write(wire.encode({"id": rid, "method": method, "params": params}))
+                stdin.flush()
         except (BrokenPipeError, OSError):
             with self._lock:
                 self._pending.pop(rid, None)
