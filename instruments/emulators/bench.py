@@ -208,14 +208,14 @@ class EmulatedBench(BenchBackend):
     def job_argv(self, job, ranks: list[str]) -> list[str] | None:
         if self.world_service is None:
             return None
-        return job_argv(self.world_service.address, job, ranks)
+        return job_argv(self.world_service.address, job, ranks, self.bench.deadlines.io_allowance_s)
 
     def reserved_rack_job_argv(self, job, ranks: list[str]) -> list[str] | None:
         """The emulated job for every rank of the reserved rack in one process (the rack is a
         model: it has no agents of its own)."""
         if self.world_service is None:
             return None
-        return job_argv(self.world_service.address, job, ranks) + ["--all-ranks-here"]
+        return job_argv(self.world_service.address, job, ranks, self.bench.deadlines.io_allowance_s) + ["--all-ranks-here"]
 
     def served_bench(self) -> dict:
         """The bench as data, pointing at what this serves (see :func:`served_bench`)."""
@@ -265,10 +265,11 @@ class ServedWorld(BenchBackend):
 
     def job_argv(self, job, ranks: list[str]) -> list[str] | None:
         world = self.bench.host(ranks[0]).world_address
-        return job_argv(world, job, ranks) if world else None
+        return job_argv(world, job, ranks, self.bench.deadlines.io_allowance_s) if world else None
 
     def reserved_rack_job_argv(self, job, ranks: list[str]) -> list[str] | None:
-        return job_argv(self.address, job, ranks) + ["--all-ranks-here"] if self.address else None
+        return job_argv(self.address, job, ranks, self.bench.deadlines.io_allowance_s) + ["--all-ranks-here"] \
+            if self.address else None
 
     def nccl_tests_folder(self, host, library: str = "nccl-tests") -> str | None:
         return str(nccl_tests_folder(host.world_address, self.files.path)) if host.world_address else None
@@ -314,13 +315,15 @@ def nccl_tests_folder(world_address: str, under: Path) -> Path:
     return install(under / "nccl-tests" / world_address.replace(":", "-"), world_address)
 
 
-def job_argv(world_address: str, job, ranks: list[str]) -> list[str]:
-    """The emulated training job's command template (one rank; {rank} filled by the agent)."""
+def job_argv(world_address: str, job, ranks: list[str], allowance_s: float = 0.0) -> list[str]:
+    """The emulated training job's command template (one rank; {rank} filled by the agent);
+    ``allowance_s``: the bench's I/O allowance, what its collectives wait beyond the NCCL timeout
+    at a scaled time for peers that are only late (job.py)."""
     return [sys.executable, "-m", "lumion_hil.instruments.emulators.job", "--world", world_address,
             "--ranks", ",".join(ranks), "--rank", "{rank}", "--gradient-bytes", str(job.gradient_bytes),
             "--compute-time-s", str(job.compute_time_s), "--startup-time-s", str(job.startup_time_s),
             "--batch", str(job.batch_per_rank), "--master-port", str(job.master_port),
-            "--nccl-timeout-s", str(job.nccl_timeout_s)]
+            "--nccl-timeout-s", str(job.nccl_timeout_s), "--late-peer-allowance-s", str(allowance_s)]
 
 
 def served_bench(bench, emulated: EmulatedBench) -> dict:

@@ -10,6 +10,12 @@ So a missing rank (never started, or killed), a dead one, or one left over from 
 communicator (not restarted on the new rank map) stalls the others; they give up after the
 job's NCCL timeout, as NCCL's watchdog does. Every wait here is a short slice: the rank asks
 again until its own timeout, so a killed process never holds the service for long.
+
+A collective's answer also says whether the ranks behind are only late (``late_only``): each
+one's process alive and nothing of the world holding it (its last step was not stalled by a
+failed peer or a link down). That lateness is the machine's (a starved core), not the job's:
+at a fiftieth of real time NCCL's 30 s are 0.6 s, less than a starved process can be late,
+and the rank may wait a little longer for it (instruments/emulators/job.py).
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ _KEPT = 64  # communicators remembered (older ones are long dead)
 
 
 def _alive(pid: int | None) -> bool:
-    """Whether a rank's process still runs (every emulated rank runs on this machine)."""
+    """Whether a rank's process still runs (every emulated rank runs on this machine): not gone,
+    and not a process that has ended and waits for its parent to reap it."""
     if pid is None:
         return False
     try:
@@ -33,7 +40,11 @@ def _alive(pid: int | None) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc to ask: the signal's answer stands
 
 
 @dataclass
@@ -44,6 +55,7 @@ class _Comm:
     members: dict[int, int] = field(default_factory=dict)  # rank -> pid
     entered: dict[int, int] = field(default_factory=dict)  # rank -> last collective entered
     late: set[int] = field(default_factory=set)  # ranks whose own process start outlasted the emulated start-up
+    stalled: set[int] = field(default_factory=set)  # ranks whose last step the world held (a failed peer, no path)
 
     def complete(self) -> bool:
         return len(self.members) == self.nranks
@@ -94,14 +106,25 @@ class Communicators:
         return {"comm": comm.id, "complete": comm.complete(),
                 "missing": sorted(set(range(comm.nranks)) - set(comm.members)), "late": sorted(comm.late)}
 
+    def stall(self, comm_id: int, rank: int) -> None:
+        """The world could not run rank ``rank``'s next collective (a failed peer, no path): until
+        it enters one, the others waiting for it wait on the world, not on a late process."""
+        with self._cond:
+            comm = self._by_id.get(comm_id)
+            if comm is not None:
+                comm.stalled.add(rank)
+
     def enter(self, comm_id: int, rank: int, seq: int, wait_s: float) -> dict:
         """Rank ``rank`` enters collective ``seq`` of the communicator and waits (one slice at
-        most) until every rank has entered it. ``behind``: the ranks not there yet."""
+        most) until every rank has entered it. ``behind``: the ranks not there yet;
+        ``late_only``: each of them alive and not stalled by the world (see the module's
+        docstring)."""
         with self._cond:
             comm = self._by_id.get(comm_id)
             if comm is None:
                 return {"done": False, "behind": [], "gone": True}
             comm.entered[rank] = max(seq, comm.entered.get(rank, -1))
+            comm.stalled.discard(rank)
 
             def behind() -> list[int]:
                 return [r for r in range(comm.nranks) if comm.entered.get(r, -1) < seq]
@@ -110,4 +133,5 @@ class Communicators:
                 self._cond.notify_all()
             self._cond.wait_for(lambda: not behind(), timeout=min(wait_s, _SLICE_S))
             late = behind()
-            return {"done": not late, "behind": late}
+            return {"done": not late, "behind": late,
+                    "late_only": bool(late) and all(r not in comm.stalled and _alive(comm.members.get(r)) for r in late)}

@@ -56,8 +56,9 @@ def _launched_s_ago() -> float:
 class _Peers:
     """This rank's side of the job's communicator, in the world service."""
 
-    def __init__(self, world, key: str, ranks: list[str], rank: int, timeout_s: float):
+    def __init__(self, world, key: str, ranks: list[str], rank: int, timeout_s: float, allowance_s: float = 0.0):
         self.world, self.key, self.ranks, self.rank, self.timeout_s = world, key, ranks, rank, timeout_s
+        self.allowance_s = allowance_s  # real time a collective waits beyond the timeout for peers only late
         self.nranks = len(ranks)
         self.comm = None
         self.late: list[int] = []  # ranks whose own process start outlasted the emulated start-up
@@ -86,18 +87,31 @@ class _Peers:
     def collective(self, seq: int, state: dict | None = None, started: float | None = None) -> bool:
         """A collective: until every rank has entered it, or the timeout (PyTorch's watchdog).
         ``state``: the answer of an entry already made at ``started`` (in the round trip that
-        asked what the collective costs)."""
+        asked what the collective costs).
+
+        Where the ranks still behind at the timeout are only late (alive, and nothing of the
+        world holds them: communicator.py), the rank waits up to the allowance longer for them,
+        and says so: at a scaled time a starved core makes a process later than NCCL's scaled
+        timeout, which a real job's 30 s would never notice. A rank dead, or held by the world
+        (a failed peer, a link down), fails it at the timeout as before."""
         started = time.monotonic() if started is None else started
-        until = started + self.timeout_s
+        timeout = started + self.timeout_s
+        until = timeout
         while True:
             if state is None:
                 state = self.world.call("comm_enter", comm=self.comm, rank=self.rank, seq=seq,
                                         wait_s=max(0.0, until - time.monotonic()))
             if state["done"]:
+                if until > timeout:
+                    print(json.dumps({"event": "late_peers", "seq": seq, "rank": self.rank,
+                                      "beyond_timeout_s": round(time.monotonic() - timeout, 4)}), flush=True)
                 return True
-            if time.monotonic() >= until or state.get("gone"):
+            now = time.monotonic()
+            if state.get("gone") or (now >= timeout and not state.get("late_only")) or now >= timeout + self.allowance_s:
                 _watchdog(self.rank, seq, self.timeout_s, started, f"waiting for ranks {state['behind']}")
                 return False
+            if now >= timeout:
+                until = timeout + self.allowance_s
             state = None
 
 
@@ -141,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--master-port", type=int, default=29500, help="the rendezvous: one communicator per job")
     parser.add_argument("--nccl-timeout-s", type=float, default=30.0,
                         help="how long a rank waits for its peers (at init and in a collective) before failing")
+    parser.add_argument("--late-peer-allowance-s", type=float, default=0.0,
+                        help="at a scaled time: real time a collective waits beyond the NCCL timeout for peers that "
+                             "are only late (alive, and not held by the world); the bench's I/O allowance")
     parser.add_argument("--all-ranks-here", action="store_true",
                         help="this one process stands for every rank of the map (a rack with no agents of its own): "
                              "no peers to wait for")
@@ -152,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     host = ranks[args.rank]
     timeout_s = args.nccl_timeout_s * scale
     peers = None if args.all_ranks_here else _Peers(world, f"{args.master_port}/{args.ranks}", ranks, args.rank,
-                                                    timeout_s)
+                                                    timeout_s, args.late_peer_allowance_s if scale != 1.0 else 0.0)
     # The emulated launch and communicator set-up take the bench's start-up in all, counted from
     # when this process was launched (the interpreter's own start, or the fork, is part of it).
     launched_s, startup_s = _launched_s_ago(), args.startup_time_s * scale

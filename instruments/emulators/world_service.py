@@ -176,11 +176,13 @@ class WorldService:
         world = self.world
         failed = [h for h in ranks if h in world.hosts and world.host_failed(h)]
         if failed:
+            self._stalled(comm, rank)
             return {"time_s": None, "stalled": f"peer {failed[0]} failed", "failed": failed}
         fabric = world.fabric_name(socket_ifname)
         try:
             cost = world.collective_cost(collective, ranks, int(size_bytes), fabric)
         except NoPath as exc:
+            self._stalled(comm, rank)
             return {"time_s": None, "stalled": f"{fabric}: {exc}"}
         # time_s: how long to wait, at the bench's time scale; physical_s: what the collective
         # truly costs on this fabric (what a program reports, at any time scale).
@@ -191,6 +193,12 @@ class WorldService:
                 raise ValueError(f"collective: entering communicator {comm} takes a rank and a seq")
             out["entered"] = self.rpc_comm_enter(comm, rank, seq, wait_s)
         return out
+
+    def _stalled(self, comm: int | None, rank: int | None) -> None:
+        """A rank of communicator ``comm`` whose collective the world cannot run now: its peers
+        wait on the world for it, not on a late process (communicator.py)."""
+        if comm is not None and rank is not None:
+            self.comms.stall(int(comm), int(rank))
 
     def _tell(self, ranks: list[str], rank: int | None, told: list[dict] | None) -> None:
         """What a rank of an emulated job has done since it last asked (``{"what": "step",
@@ -218,6 +226,7 @@ class WorldService:
             return {"failed": True, "step_time_s": None}
         cost = self.rpc_collective("all_reduce", ranks, int(gradient_bytes), socket_ifname)
         if cost["time_s"] is None:
+            self._stalled(comm, rank)
             return {"failed": False, "step_time_s": None, "stalled": cost["stalled"]}
         out = {"failed": False, "step_time_s": world.scaled_ns(compute_time_s) / 1e9 + cost["time_s"],
                "fabric": cost["fabric"]}
