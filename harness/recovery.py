@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from lumion_hil.harness.collector import no_collection
 from lumion_hil.harness.job_restart import (
     JOB_EXTRAS, JOB_PHASES, JobPhase, NotRestarted, Restart, checkpoint_saved_before, job_last_words, job_phases,
     observe_restart, rank_map,
@@ -128,8 +129,9 @@ def recover_from(controller, make_fault: Callable[[], int], undo: Callable[[], N
     the controller is disarmed and the fault undone. Returns (fault instant, result)."""
     controller.arm()
     try:
-        fault_ns = make_fault()
-        result = controller.recover(fault_ns)
+        with no_collection():  # a collection of the harness's heap is no controller's time (harness/collector.py)
+            fault_ns = make_fault()
+            result = controller.recover(fault_ns)
     except BaseException:
         controller.disarm()
         if undo is not None:
