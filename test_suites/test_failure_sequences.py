@@ -214,8 +214,9 @@ def test_failure_sequences(shard, session, bench_file, exploration, measure, rec
         took = time.monotonic() - started
         # Many of Hypothesis's choice sequences tell the same story (a quiet step draws choices it
         # never reads): at least a quarter of a shard's sequences must be distinct stories told
-        # to the end. A clean ci shard of 500 tells 187-204 on the exploration bench; one of 100,
-        # 34-46 on the namespaced bench (four hosts: fewer stories to tell); a story that breaks a promise
+        # to the end. A clean ci shard of 500 told 248-292 on the exploration bench, one of 100 45-55
+        # on the namespaced bench (four hosts: fewer stories to tell), in three clean-clone CI runs
+        # (each with its own seed); a story that breaks a promise
         # early, or a controller that leaves nothing to tell, tells far fewer.
         target = max(1, examples // 4)
         measure(Spec("sequences_explored", "sequences", description="distinct failure sequences told to the end in "
