@@ -3,10 +3,10 @@
 A pytest process that drives a bench holds 70,000 to 210,000 objects that the cyclic garbage
 collector scans (pytest, Hypothesis, the suites, the harness, an emulated world). A collection
 of all of them stops every thread of the process, and on a 2-core machine beside a busy core it
-took 40-160 ms (gc.callbacks, in the project's tests and in the exploration's workers). Inside a
+took 25-165 ms (gc.callbacks, in the project's tests and in the exploration's workers). Inside a
 measured recovery such a pause is counted as the controller's time: between its phases, where
 the real-time recovery test allows 20 ms in all (it failed 3 times in 5 in the flake benchmark
-with 97-143 ms there), or, at a fiftieth of real time, as 2-8 s of the bench's time.
+with 97-143 ms there), or, at a fiftieth of real time, as 1-8 s of the bench's time.
 
 - :func:`no_collection`: no automatic collection while a recovery is measured (reference
   counting still frees what the recovery drops; the collection it owes runs after the window).

@@ -68,7 +68,7 @@ def test_recovery_at_real_time_agrees_with_ground_truth_within_10_ms():
 
 
 def test_no_collection_of_the_harness_heap_starts_inside_a_measured_recovery():
-    """A collection of the process's heap stops every thread (40-160 ms for a pytest process's
+    """A collection of the process's heap stops every thread (25-165 ms for a pytest process's
     on a 2-core machine beside a busy core): inside a measured recovery it is counted as the
     controller's time (harness/collector.py). A thread that makes cyclic garbage all through the
     recovery would set off a collection every few hundred objects; none starts between the
