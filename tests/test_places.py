@@ -131,7 +131,15 @@ def _place_bench(served: Path, out: Path, name: str, coordinator: str, half: boo
     return out
 
 
-def _run(tmp_path: Path, bench: Path, results: str, *extra: str, k: str = "test_circuit_setup") -> subprocess.Popen:
+# What these runs show is the place (who holds it, when, which ports), not timing: the suites'
+# tests they take judge no time (the switch's identity, the light on each baseline circuit).
+# Held to one core beside the other tests (scripts/tests), a switch command once took 0.28 s
+# against the 0.125 s the circuit suite allows at a fifth of real time, and turned red a run
+# whose place had done all it should (perf/flakes.py --beside-others).
+UNTIMED = "test_switch_matches_bench or carries_light"
+
+
+def _run(tmp_path: Path, bench: Path, results: str, *extra: str, k: str = UNTIMED) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LG_")}
     return subprocess.Popen([sys.executable, "-m", "lumion_hil", "run", "--bench", str(bench), "--results",
                              str(tmp_path / results), "--no-report", "-q", *extra, "-k", k],
@@ -215,8 +223,7 @@ def test_two_places_share_one_switch_on_their_own_ports(tmp_path):
                 _client(coordinator, "-p", place, "set-tags", f"ports={HALVES[place][2]}", "switch=ocs1")
             a = _place_bench(served, tmp_path / "bench-a.yaml", "bench-a", coordinator, half=True)
             b = _place_bench(served, tmp_path / "bench-b.yaml", "bench-b", coordinator, half=True)
-            both = "test_circuit_setup or test_light"
-            runs = [_run(tmp_path, a, "a", k=both), _run(tmp_path, b, "b", k=both)]
+            runs = [_run(tmp_path, a, "a"), _run(tmp_path, b, "b")]
             outs = [p.communicate(timeout=300)[0] for p in runs]
             assert [p.returncode for p in runs] == [0, 0], "\n".join(outs)
             spans = [(_notes(tmp_path, r)["place acquired"]["since"], _notes(tmp_path, r)["place released"]["time"])
