@@ -56,31 +56,56 @@ def _carrier_change(world, nic: str, up: bool, after_ns: int, within_s: float = 
 def test_agent_sees_the_carrier_through_netlink_within_5_ms_of_the_change(session):
     """The world's light goes and comes back at host1.p0; the veth's carrier follows (set by the
     data plane), and the agent, woken by netlink in the host's own namespace, stamps each change
-    within 5 ms of the carrier change (the middle of the data plane's netlink request, sent to
-    acknowledged), never before it."""
+    within 5 ms of the carrier change, never before it.
+
+    The kernel changes the carrier somewhere between the data plane's netlink request and its
+    acknowledgement: the truth is that window. A stamp within 5 ms of the request is within 5 ms
+    of the change, wherever in the window it fell (on time); one 5 ms or more after the
+    acknowledgement is late wherever it fell (late); between the two, the window is too wide to
+    say (undecided: once, beside the other tests, the data plane took 62 ms between the two and
+    the agent stamped the change 1 ms before its end). An undecided change is made again, up to
+    12 changes in all; every decided one is on time, and at least two of each kind are decided."""
     agent, world = session.hosts["host1"], session.world
     agent.sync_clock(16)
     port = _rx_port(session, "host1", "p0")
     assert agent.wait_link("p0", True, 5).timed_out is False
     interfaces = agent.call("hello")["interfaces"]
     assert {"p0", "p1", "mgmt0"} <= set(interfaces) and "bond0" in interfaces  # its own namespace's, not ours
-    for up in (False, True, False, True):
-        got: dict = {}
-        waiter = threading.Thread(target=lambda: got.setdefault("s", agent.wait_link("p0", up, 5)))
-        waiter.start()
-        time.sleep(0.02)
-        before = world.now_ns()
-        world.set_extra_loss(port, 0.0 if up else float("inf"), before)
-        waiter.join()
-        state = got["s"]
-        assert state.timed_out is False and state.method == "netlink", state
-        change = _carrier_change(world, "host1.p0", up, before)
-        # the kernel changed the carrier between the request and its acknowledgement
-        window_ns = change.detail["acked_ns"] - change.t_ns
-        late_ms = (state.t_ns - (change.t_ns + window_ns / 2)) / 1e6
-        assert -(state.uncertainty_ns + window_ns / 2) / 1e6 <= late_ms < 5.0, (up, late_ms, window_ns)
-        if up:  # carrier comes up only after the receiver's lock and bring-up (105 ms on this bench)
-            assert (change.t_ns - before) / 1e9 >= 0.105
+    decided: dict[bool, list[float]] = {False: [], True: []}  # ms after the request, by the carrier's new state
+    undecided: list[tuple[bool, float, float]] = []  # (up, ms after the request, the window's ms)
+    up = True
+    try:
+        for _ in range(12):
+            if min(len(v) for v in decided.values()) >= 2:
+                break
+            up = not up
+            got: dict = {}
+            waiter = threading.Thread(target=lambda: got.setdefault("s", agent.wait_link("p0", up, 5)))
+            waiter.start()
+            time.sleep(0.02)
+            before = world.now_ns()
+            world.set_extra_loss(port, 0.0 if up else float("inf"), before)
+            waiter.join()
+            state = got["s"]
+            assert state.timed_out is False and state.method == "netlink", state
+            change = _carrier_change(world, "host1.p0", up, before)
+            assert state.t_ns >= change.t_ns - state.uncertainty_ns, (up, state, change)  # never before the request
+            after_request_ms = (state.t_ns - change.t_ns) / 1e6
+            after_ack_ms = (state.t_ns - change.detail["acked_ns"]) / 1e6
+            assert after_ack_ms < 5.0, f"carrier {'up' if up else 'down'}: stamped {after_ack_ms:.1f} ms after the " \
+                f"kernel acknowledged the change (late wherever in its window it fell)"
+            if after_request_ms < 5.0:
+                decided[up].append(after_request_ms)
+            else:
+                undecided.append((up, after_request_ms, (change.detail["acked_ns"] - change.t_ns) / 1e6))
+            if up:  # carrier comes up only after the receiver's lock and bring-up (105 ms on this bench)
+                assert (change.t_ns - before) / 1e9 >= 0.105
+    finally:
+        if up is False:  # the light back on at host1.p0, as the bench had it, whatever happened
+            world.set_extra_loss(port, 0.0, world.now_ns())
+            agent.wait_link("p0", True, 5)  # judged below, where no failure is already on its way
+    assert min(len(v) for v in decided.values()) >= 2, \
+        f"too few changes decided (on time: {decided}; undecided, as (up, ms after the request, window ms): {undecided})"
     assert agent.call("link", interface="p0")["carrier"] == 1
 
 
