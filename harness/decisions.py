@@ -69,7 +69,8 @@ CI_LEDGER: dict[str, tuple[int, float]] = {
     "fidelity of the default bench against the mystery lab's recording (tests/test_fidelity.py)": (1, FIDELITY_ALPHA),
     "fidelity of the twin against the lab's second recording (tests/test_fidelity.py)": (1, TWIN_ALPHA),
     # at most: the recovery suite on the three emulated benches (15), its defect proofs and the
-    # tests that run it (under 60 by count of their -k selections)
+    # tests that run it (under 60 by count of their -k selections), the real-time recovery test
+    # (tests/test_recovery.py: 3 at most)
     "the agents' stamps of a recovery against the world's instants (recovery_measurement_error)":
         (100, RECOVERY_ERROR_ALPHA),
 }

@@ -124,10 +124,15 @@ def stamp_error(session, world, restart: Restart, timeout_s: float,
     them). Its rate is nominal: it takes the pairs as independent, while a host's pairs share its
     clock mapping and the ranks' lines of one step are read at one moment."""
     pairs = stamp_pairs(session, world, restart.ranks, restart.restarted_ns, timeout_s)
-    decision = decisions.compare([t / 1e9 for t, _ in pairs], [s / 1e9 for _, s in pairs], paired=True, alpha=alpha,
-                                 margin=MEASUREMENT_MARGIN_S, unit="s",
-                                 what="the agents' stamps of the restarted job's steps minus the world's instants")
-    return StampError(decision, len(restart.ranks) * STAMPED_STEPS)
+    return StampError(stamp_decision(pairs, alpha), len(restart.ranks) * STAMPED_STEPS)
+
+
+def stamp_decision(pairs: list[tuple[int, int]], alpha: float = decisions.RECOVERY_ERROR_ALPHA) -> decisions.Decision:
+    """The decision of :func:`stamp_error` on (the world's instant, the agent's stamp) pairs in
+    ns: one recovery's, or several recoveries' together."""
+    return decisions.compare([t / 1e9 for t, _ in pairs], [s / 1e9 for _, s in pairs], paired=True, alpha=alpha,
+                             margin=MEASUREMENT_MARGIN_S, unit="s",
+                             what="the agents' stamps of the restarted job's steps minus the world's instants")
 
 
 def _made_between(world, lo_ns: int, hi_ns: int) -> set[tuple[int, int]]:

@@ -12,12 +12,16 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 
 import pytest
 
 from lumion_hil.harness.config import load_bench, parse_bench
 from lumion_hil.harness.controller import RecoveryController, RecoveryError, RecoveryResult, load_controller
+from lumion_hil.harness.decisions import Verdict
 from lumion_hil.harness.faults import CATALOGUE, Fault, FaultNotPossible, Injector
+from lumion_hil.harness.job_restart import observe_restart
+from lumion_hil.harness.overhead import STAMPED_STEPS, stamp_decision, stamp_pairs
 from lumion_hil.harness.published import published
 from lumion_hil.harness.recovery import ground_truth, recover_from
 from lumion_hil.harness.session import BenchSession
@@ -40,31 +44,67 @@ def _running(session):
     return ranks
 
 
-def test_recovery_at_real_time_agrees_with_ground_truth_within_10_ms():
-    """The harness's error against the world's truth, fault to first step. The first step is
-    stamped by the host's agent when it reads the job's line: about 0.5 ms late on an idle
-    machine, up to 4.4 ms seen with two busy loops on two cores (20 runs); never early by more
-    than the clock mapping's stated uncertainty."""
+REAL_TIME_RECOVERIES = 3  # at most: another only while the stamps' decision is undecided
+
+
+def test_recovery_at_real_time_agrees_with_ground_truth():
+    """A GPU failure recovered at real time, judged against the world's truth.
+
+    The agents' stamps that fault-to-first-step is measured from (every rank's first four steps
+    after the restart, 12 pairs) are within 5 ms of the world's instants: the recovery suite's
+    decision (recovery_measurement_error, the trimmed mean of their differences). A busy core
+    delays an agent's read of a line by several ms now and then (4.4 ms seen with two busy loops
+    on two cores): the decision weighs that line little. An agent that reads every line late is
+    ``differs``, red: 8 ms late (slow_agent=0.008) is +8.3 ms, where the first step's error
+    alone, one sample against a fixed 10 ms, passed it. While it is ``undecided``, the same failure is recovered again from a fresh
+    job and its pairs added, at most 3 recoveries; then it is a warning that names it (the
+    samples cannot tell, and a red night must mean a regression).
+
+    On every recovery, limits on the sample itself: no stamp before the world's instant by more
+    than its clock's stated uncertainty (a busy core only makes them late); at least 4
+    connections of 50 ms of switching in the switch phase, and no more than 100 ms besides; no
+    controller time hidden between the phases it reports (20 ms, against 1-2 ms seen)."""
+    pairs: list[tuple[int, int]] = []  # (the world's instant, the agent's stamp) of each step, ns
+    decision = None
     with _session(time_scale=1.0) as session:
-        ranks = _running(session)
-        controller = load_controller(session, ranks)
-        fault = Fault("gpu_failure", "host1", xid=79)
-        fault_ns, result = recover_from(controller, lambda: Injector(session).inject(fault))
-        assert result.status == "recovered", result.reason
-        assert result.plan.ranks_after == ["host0", "host3", "host2"]
-        truth = ground_truth(session.world, fault_ns, result)
-        measured = (result.first_step_ns - fault_ns) / 1e9
-        early_allowed = result.first_step_uncertainty_ns / 1e9 + 0.0005
-        assert -early_allowed <= measured - truth.total_s <= 0.010, (measured, truth.total_s)
-        # The physics on the critical path is at least 4 connections of 50 ms each (more on a
-        # loaded machine, where the commands reach the switch later: that is the emulator's
-        # time, not the harness's error, so it has no upper bound here).
-        assert truth.physical_s["switch"] >= 0.2 - 1e-4
-        assert 0 <= result.phase_s("switch") - truth.physical_s["switch"] < 0.1
-        spans = {getattr(name, "value", name): (round((a - fault_ns) / 1e6, 1), round((b - fault_ns) / 1e6, 1))
-                 for name, (a, b) in sorted(result.phases.items(), key=lambda item: item[1])}
-        assert truth.between_phases_s < 0.02, f"no controller time hides between phases (ms after the fault: {spans})"
-        assert session.world.events_of("safety.violation") == []
+        ranks = list(session.bench.job.ranks)
+        injector = Injector(session)
+        for count in range(1, REAL_TIME_RECOVERIES + 1):
+            session.fresh_job(ranks)  # the first time too: the baseline is restored and read back
+            assert session.hosts[ranks[0]].wait_step(1, 60).reached
+            controller = load_controller(session, ranks)
+            fault = Fault("gpu_failure", "host1", xid=79)
+            fault_ns, result = recover_from(controller, lambda: injector.inject(fault), lambda: injector.repair(fault),
+                                            keep_fault=True)
+            try:
+                assert result.status == "recovered", result.reason
+                assert result.plan.ranks_after == ["host0", "host3", "host2"]
+                restart = observe_restart(session, fault_ns)
+                truth = ground_truth(session.world, fault_ns, result, restart)
+                taken = stamp_pairs(session, session.world, restart.ranks, restart.restarted_ns, 10.0)
+            finally:
+                injector.repair(fault)
+            assert len(taken) == len(restart.ranks) * STAMPED_STEPS, f"stamps missing: {taken}"
+            early_allowed = max(session.hosts[h].clock.uncertainty_ns for h in restart.ranks) + 500_000
+            assert min(stamp - world for world, stamp in taken) >= -early_allowed, (taken, early_allowed)
+            # The physics on the critical path is at least 4 connections of 50 ms each (more on a
+            # loaded machine, where the commands reach the switch later: that is the emulator's
+            # time, not the harness's error, so it has no upper bound here).
+            assert truth.physical_s["switch"] >= 0.2 - 1e-4
+            assert 0 <= result.phase_s("switch") - truth.physical_s["switch"] < 0.1
+            spans = {getattr(name, "value", name): (round((a - fault_ns) / 1e6, 1), round((b - fault_ns) / 1e6, 1))
+                     for name, (a, b) in sorted(result.phases.items(), key=lambda item: item[1])}
+            assert truth.between_phases_s < 0.02, f"no controller time hides between phases (ms after the fault: {spans})"
+            assert session.world.events_of("safety.violation") == []
+            pairs += taken
+            decision = stamp_decision(pairs)
+            assert decision.verdict is not Verdict.DIFFERS, f"after {count} recoveries: {decision.text(1000, 'ms')}"
+            if decision.verdict is Verdict.SAME:
+                break
+    assert decision is not None
+    if decision.verdict is Verdict.UNDECIDED:
+        warnings.warn(f"the real-time recovery's stamps, undecided after {REAL_TIME_RECOVERIES} recoveries: "
+                      f"{decision.text(1000, 'ms')}", stacklevel=1)
 
 
 def test_no_collection_of_the_harness_heap_starts_inside_a_measured_recovery():
