@@ -31,12 +31,31 @@ import tomllib
 from io import BytesIO
 from pathlib import Path
 
+from exploration_split import late_us  # this folder's: it runs as a script from here
+
 ROOT = Path(__file__).resolve().parent.parent
 # The code before failure sequences were made cheap (fork-served ranks, fewer world round trips,
 # kept threads): main as this change was based on it; the default of --before.
 BEFORE = "01c1b17"
 KINDS = ("reset", "recovery", "repair", "quiet", "check")
 PARTS = ("physics_s", "startup_s", "harness_s", "waiting_s")
+# Beside each run, a process of its own that sleeps 1 ms again and again and notes how late it
+# woke (microseconds), until it is stopped: the machine's scheduling alone, to read the same
+# figure of the workers' threads against (perf/exploration_split.py).
+WAKE_PROBE = """
+import json, signal, sys, time
+late = []
+def stop(*_):
+    with open(sys.argv[1], "w") as fh:
+        json.dump(late, fh)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+clock = time.perf_counter_ns
+while True:
+    t0 = clock()
+    time.sleep(0.001)
+    late.append((clock() - t0 - 1_000_000) // 1000)
+"""
 
 
 def unpack(revision: str, into: Path) -> Path:
@@ -84,9 +103,12 @@ def explore(tree: Path, shim: Path | None, profile: str, sequences: int, *extra:
                "--results", str(results), "--no-report", "--explore", profile, "-k", "failure_sequences",
                "--explore-sequences", str(sequences), "--explore-seed", "1", "-q", "-p", "exploration_split", *extra]
         for attempt in range(3):
+            probe = subprocess.Popen([sys.executable, "-c", WAKE_PROBE, str(Path(tmp) / "wake.json")])
             started = time.monotonic()
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=shim or ROOT, env=env)
             wall = time.monotonic() - started
+            probe.terminate()
+            probe.wait()
             if proc.returncode == 0 or attempt == 2:
                 break
             # A run that broke is not a speed: say why, and run it again. On a busy machine the code
@@ -104,6 +126,7 @@ def explore(tree: Path, shim: Path | None, profile: str, sequences: int, *extra:
                              f"\n{stories}")
         lines = [json.loads(line) for record in (results / "records").glob("*.jsonl") for line in record.open()]
         parts = [json.loads(line) for f in (Path(tmp) / "split").glob("*.jsonl") for line in f.open()] if split else []
+        alone = json.loads((Path(tmp) / "wake.json").read_text()) if (Path(tmp) / "wake.json").exists() else []
     taken = [m for m in lines if m.get("type") == "measurement"]
     explored = sum(m["attrs"].get("sequences_run", 0) for m in taken if m["name"] == "sequences_explored")
     distinct = sum(m["value"] for m in taken if m["name"] == "sequences_explored")
@@ -111,7 +134,7 @@ def explore(tree: Path, shim: Path | None, profile: str, sequences: int, *extra:
     recoveries = sum(m["attrs"].get("recoveries", 0) for m in taken if m["name"] == "sequences_per_minute")
     return {"sequences": explored, "distinct": distinct, "wall_s": wall, "per_min": 60 * explored / wall,
             "mean_steps": sum(lengths) / len(lengths) if lengths else 0.0, "recoveries": recoveries,
-            "recoveries_per_min": 60 * recoveries / wall, "parts": parts}
+            "recoveries_per_min": 60 * recoveries / wall, "parts": parts, "wake_alone": late_us(alone)}
 
 
 def floor(run: dict, workers: int) -> dict:
@@ -150,6 +173,15 @@ def print_split(name: str, run: dict) -> None:
           "explorer's own bookkeeping and Hypothesis drawing the steps")
     if errors:
         print(f"    ({len(errors)} operation(s) could not be split: {errors[0]['error']})")
+    wakes = [p for p in run["parts"] if p.get("kind") == "wake" and p.get("n")]
+    alone = run.get("wake_alone", {})
+    if wakes and alone.get("n"):
+        def fmt(w: dict) -> str:
+            return f"{w['p50']}/{w['p90']}/{w['p99']}"
+
+        print(f"    a thread's wake from a 1 ms sleep, late by (median/p90/p99 us): in each worker "
+              f"{', '.join(fmt(w) for w in wakes)}; in a process of its own {fmt(alone)} (the difference: the "
+              "worker's threads waiting for their turn at its interpreter lock)")
 
 
 def main() -> None:

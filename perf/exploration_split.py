@@ -13,6 +13,13 @@ harness's clock and splits its wall time, from outside the controller, into:
   emulators and world service it serves in-process), at most the rest of the wall time;
 - waiting: what is left (idle time no physics, start-up or harness CPU explains).
 
+Beside them, how late a thread of the worker wakes from a 1 ms sleep, over each shard's test
+(``wake`` records: median, p90, p99 in microseconds): the machine's scheduling, and in this
+process of many threads (the harness's, the in-process emulators', the world service's one a
+connection) its turn at the interpreter lock. perf/exploration.py prints it beside the same
+figure of a process of its own. (The probe is a thread more, taking the lock a thousand times a
+second: a small load of its own, on the code before and after a change alike.)
+
 Each record goes to ``$LUMION_HIL_SPLIT_OUT/split-<pid>.jsonl`` (one file per worker). Nothing here
 changes what the suite does; the plug-in works on the code before and after a change alike."""
 
@@ -21,6 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -138,6 +146,33 @@ class _Split:
             fh.write(json.dumps(item) + "\n")
 
 
+def late_us(samples: list[int]) -> dict:
+    """Median, p90 and p99 of wake-up lateness samples (microseconds), and their count."""
+    ordered = sorted(samples)
+    if not ordered:
+        return {"n": 0}
+    return {"n": len(ordered), **{k: ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+                                  for k, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))}}
+
+
+class _WakeProbe:
+    """A daemon thread that sleeps 1 ms again and again and notes how late it woke."""
+
+    def __init__(self):
+        self.samples: list[int] = []
+        threading.Thread(target=self._run, name="perf-wake-probe", daemon=True).start()
+
+    def _run(self) -> None:
+        clock = time.perf_counter_ns
+        while True:
+            t0 = clock()
+            time.sleep(0.001)
+            self.samples.append((clock() - t0 - 1_000_000) // 1000)
+
+
+_WAKE = _WakeProbe() if _OUT else None
+
+
 def _wrap(name: str, kind: str) -> None:
     original = getattr(_explorer.Explorer, name)
 
@@ -169,6 +204,7 @@ if _OUT:
 def pytest_runtest_call(item):
     """The wall time of each shard's test, beside the parts timed above."""
     started, cpu = time.perf_counter_ns(), time.process_time()
+    woke = len(_WAKE.samples) if _WAKE else 0
     try:
         return (yield)
     finally:
@@ -179,3 +215,6 @@ def pytest_runtest_call(item):
             with open(Path(_OUT) / f"split-{os.getpid()}.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(json.dumps({"kind": "shard", "test": item.nodeid, "cpu_s": time.process_time() - cpu,
                                      "wall_s": (time.perf_counter_ns() - started) / 1e9}) + "\n")
+                if _WAKE:
+                    fh.write(json.dumps({"kind": "wake", "test": item.nodeid,
+                                         **late_us(_WAKE.samples[woke:])}) + "\n")
