@@ -164,7 +164,7 @@ class ReferenceController(RecoveryController):
         spares = self.spares
         try:
             with self.phases.phase(result, Phase.PLAN):
-                self.planner.read_circuits()
+                self.planner.job_circuits()  # as the job last ran, not as the switch has them now
                 for host in sorted(spares.recheck & set(self.ranks)):
                     if self._links_work(host):  # the guess was wrong: the repair mended the link
                         spares.out_of_service.pop(host, None)
@@ -176,9 +176,10 @@ class ReferenceController(RecoveryController):
                 bad = [h for h in self.ranks if h in spares.out_of_service or spares.lost(h)]
                 plan = Plan(None, None, list(self.ranks), list(self.ranks), diagnosis="resumed at full size")
                 fallback = self.planner.other_end_instead(self.ranks, bad)
-                if bad:
-                    why = "; ".join(spares.out_of_service.get(h, "its GPU is lost") for h in bad)
-                    plan = self.planner.replan(plan, bad, f"out of service: {why}")
+                why = "; ".join(spares.out_of_service.get(h, "its GPU is lost") for h in bad)
+                # With no host to replace, still the job's circuits the switch lacks (one cut there
+                # stays cut when the host at its end is repaired): made again.
+                plan = self.planner.replan(plan, bad, f"out of service: {why}")
                 if fallback is not None:  # taken out on a guess: back in service if the other end is
                     plan.failed_host, plan.fallback = bad[0], fallback
                 result.plan = plan
@@ -331,7 +332,8 @@ class ReferenceController(RecoveryController):
     # -- verify ----------------------------------------------------------------------------------
 
     def _links_work(self, host: str) -> bool:
-        """Light and carrier on every circuit to and from ``host`` (as read from the switch at resume)."""
+        """Light and carrier on every circuit to and from ``host`` the job is meant to run on (one
+        cut at the switch has neither)."""
         nics = self.bench.host(host).nics
         circuits = [(i, e) for i, e in self.planner.circuits.items() if any(i == n.tx_port or e == n.rx_port for n in nics)]
         try:

@@ -100,6 +100,12 @@ class Planner:
         self.circuits = dict(self.switch.connections())
         return self.circuits
 
+    def job_circuits(self) -> dict[int, int]:
+        """What the job is meant to run on: as last read for it, with every plan carried out
+        since (a circuit a cut at the switch took away is still among them: a host that takes
+        its end over is wired to it), or read now where nothing has been."""
+        return self.circuits or self.read_circuits()
+
     def plan(self, detection: Detection, ranks: list[str]) -> Plan:
         ranks = list(ranks)
         if detection.kind == DetectionKind.JOB_EXIT and not self.spares.lost(detection.host):
@@ -135,11 +141,15 @@ class Planner:
         return plan
 
     def replan(self, plan: Plan, lost: list[str], why: str) -> Plan:
-        """Replace hosts of ``plan``'s new rank map that were lost, from the circuits now in place.
-        Each replacement is made on the circuits the ones before it leave; the plan is the
-        difference between the circuits in place and those wanted at the end (a later
-        replacement may rewire a port an earlier one would have connected)."""
-        in_place = set(self.read_circuits().items())
+        """Replace hosts of ``plan``'s new rank map that were lost, from the circuits the job is
+        meant to run on once ``plan`` is carried out (:meth:`job_circuits`, with its changes: not
+        merely those the switch has now, from which a cut made at the switch is missing). Each
+        replacement is made on the circuits the ones before it leave; the plan is the difference
+        between the circuits in place and those wanted at the end (a later replacement may rewire
+        a port an earlier one would have connected)."""
+        in_place = set(self.switch.connections().items())
+        self.circuits = {**{i: e for i, e in self.job_circuits().items() if (i, e) not in plan.remove},
+                         **dict(plan.add)}
         ranks, diagnosis = list(plan.ranks_after), plan.diagnosis
         for host in lost:
             if host not in self.spares.out_of_service:  # one taken out already keeps its own reason

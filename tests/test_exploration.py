@@ -167,6 +167,26 @@ def test_stories_that_once_broke_a_promise_keep_it_now(path):
     assert "every promise kept" in proc.stdout
 
 
+@pytest.mark.parametrize("repaired", ["host0", "host5"])
+def test_a_receiver_cut_at_the_switch_is_wired_again_on_resume(tmp_path, repaired):
+    """Two ci stories told on a served exploration bench, where a fibre cut is made as a lab makes
+    it, at the switch (the circuit feeding the receiver taken away), not in the world's light: two
+    GPUs fail (both spares used), host5's receiver is cut (degraded: no spare left), then a host
+    is repaired and the controller resumes at full size. It planned from the circuits the switch
+    had left, and the cut one (host1 to host5's receiver) was not among them: repaired, host0 took
+    host5's place without a circuit from host1, and host5 came back without its own; either way
+    the job's first all-reduce timed out. It now plans from the circuits the job ran on. In-process
+    the cut leaves its circuit in place, dark: there both stories always kept every promise (they
+    replay there too, with the saved stories)."""
+    name = {"host0": "then-repaired", "host5": "then-its-host-repaired"}[repaired]
+    story = Path(__file__).parent / "stories" / f"exploration-receiver-cut-at-the-switch-{name}.yaml"
+    with serve_bench(BENCHES / "exploration.yaml", tmp_path, 0.2) as (bench, _, _):
+        proc = subprocess.run([sys.executable, "-m", "lumion_hil", "replay", str(story), "--bench", str(bench)],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"4. {repaired} is repaired: resumed: recovered" in proc.stdout, proc.stdout
+
+
 def test_a_bench_file_may_tell_fewer_stories_in_a_profile(tmp_path):
     from lumion_hil.harness.config import load_bench
 
