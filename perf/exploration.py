@@ -104,11 +104,13 @@ def explore(tree: Path, shim: Path | None, profile: str, sequences: int, *extra:
                "--explore-sequences", str(sequences), "--explore-seed", "1", "-q", "-p", "exploration_split", *extra]
         for attempt in range(3):
             probe = subprocess.Popen([sys.executable, "-c", WAKE_PROBE, str(Path(tmp) / "wake.json")])
-            started = time.monotonic()
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=shim or ROOT, env=env)
-            wall = time.monotonic() - started
-            probe.terminate()
-            probe.wait()
+            try:
+                started = time.monotonic()
+                proc = subprocess.run(cmd, capture_output=True, text=True, cwd=shim or ROOT, env=env)
+                wall = time.monotonic() - started
+            finally:  # an interrupted run leaves no probe behind
+                probe.terminate()
+                probe.wait()
             if proc.returncode == 0 or attempt == 2:
                 break
             # A run that broke is not a speed: say why, and run it again. On a busy machine the code
