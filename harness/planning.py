@@ -83,6 +83,15 @@ def refuse_protected_ports(bench: Bench, plan: Plan) -> None:
                           "(protected ports are never switched): degraded")
 
 
+def _changed(circuits: dict[int, int], remove: Circuits, add: Circuits) -> dict[int, int]:
+    """``circuits`` once ``remove`` and ``add`` are carried out: a circuit sharing a port with
+    one added is gone too (a port carries one circuit; one cut at the switch is not among those
+    removed, yet the new one replaces it)."""
+    taken = {p for pair in add for p in pair}
+    kept = {i: e for i, e in circuits.items() if (i, e) not in remove and i not in taken and e not in taken}
+    return {**kept, **dict(add)}
+
+
 class Planner:
     def __init__(self, session, spares: SparePool, switch, rewiring: Rewiring | None = None,
                  plan_checks: list[PlanCheck] | None = None):
@@ -131,9 +140,11 @@ class Planner:
     def replacement(self, ranks: list[str], failed: str, spare: str, why: str,
                     live: dict[int, int] | None = None) -> Plan:
         """The plan that puts ``spare`` in ``failed``'s place, checked; from the circuits ``live``
-        (by default the switch's now)."""
+        (by default the switch's now), which are also those the job is meant to run on where
+        given (a replan's), else those last read for it."""
+        intended = live if live is not None else self.circuits
         live = self.switch.connections() if live is None else live
-        remove, add = self.rewiring(self.bench, failed, spare, live, self.circuits or live)
+        remove, add = self.rewiring(self.bench, failed, spare, live, intended or live)
         after = [spare if h == failed else h for h in ranks]
         plan = Plan(failed, spare, ranks, after, remove, add, diagnosis=f"{failed} replaced by spare {spare} after {why}")
         for check in self.plan_checks:
@@ -146,10 +157,11 @@ class Planner:
         merely those the switch has now, from which a cut made at the switch is missing). Each
         replacement is made on the circuits the ones before it leave; the plan is the difference
         between the circuits in place and those wanted at the end (a later replacement may rewire
-        a port an earlier one would have connected)."""
+        a port an earlier one would have connected). A replan that ends degraded (no spare for a
+        host) changes nothing: the job's circuits stay those ``plan`` left, its replacements
+        before that one are never carried out."""
         in_place = set(self.switch.connections().items())
-        self.circuits = {**{i: e for i, e in self.job_circuits().items() if (i, e) not in plan.remove},
-                         **dict(plan.add)}
+        self.circuits = circuits = _changed(self.job_circuits(), plan.remove, plan.add)
         ranks, diagnosis = list(plan.ranks_after), plan.diagnosis
         for host in lost:
             if host not in self.spares.out_of_service:  # one taken out already keeps its own reason
@@ -158,10 +170,11 @@ class Planner:
             if spare is None:
                 return Plan(host, None, plan.ranks_before, [], diagnosis=f"{diagnosis}; then {host} was lost too "
                             f"({why}) and {self.spares.no_spare()}: degraded")
-            step = self.replacement(ranks, host, spare, "it was lost during the recovery", live=dict(self.circuits))
+            step = self.replacement(ranks, host, spare, "it was lost during the recovery", live=dict(circuits))
             ranks, diagnosis = step.ranks_after, f"{diagnosis}; then {step.diagnosis}"
-            self.circuits = {**{i: e for i, e in self.circuits.items() if (i, e) not in step.remove}, **dict(step.add)}
-        wanted = set(self.circuits.items())
+            circuits = _changed(circuits, step.remove, step.add)
+        self.circuits = circuits
+        wanted = set(circuits.items())
         spares = [h for h in ranks if h not in plan.ranks_after]
         return Plan(plan.failed_host, spares[-1] if spares else plan.spare, plan.ranks_before, ranks,
                     sorted(in_place - wanted), sorted(wanted - in_place), diagnosis=diagnosis)

@@ -230,6 +230,41 @@ def test_two_hosts_lost_in_one_recovery_are_replaced_by_one_plan_the_switch_take
         session.world.heal()
 
 
+def test_a_replan_that_ends_degraded_leaves_the_job_circuits_as_wired():
+    """A ci story (only under load): a GPU failed as another rank's exit was being recovered in
+    place, so two ranks were lost at the restart with one spare left. The replan put the spare in
+    the first one's place, found none for the second and ended degraded, but kept the circuits of
+    the replacement it never carried out as the job's. When a host was repaired, resuming planned
+    from those: the spare's own circuits counted as "holding a port it needs" and were taken away,
+    and the job's first all-reduce timed out (no path from host2 to host4)."""
+    from lumion_hil.harness.config import load_bench
+    from lumion_hil.harness.controller import ReferenceController
+    from lumion_hil.harness.recovery_model import Plan
+    from lumion_hil.harness.session import BenchSession
+
+    bench = load_bench(BENCHES / "exploration.yaml", time_scale=0.2)
+    with BenchSession.open(bench) as session:
+        ranks = list(bench.job.ranks)
+        session.start_job(ranks)
+        controller = ReferenceController(session, ranks)
+        controller.arm()
+        controller.disarm()
+        in_place = session.switch.connections()
+        for host in ("host0", "host1", "host4"):  # host4: one spare of two left
+            session.world.fail_gpu(host)
+        plan = controller.planner.replan(Plan(None, None, ranks, ranks, diagnosis="restarted in place"),
+                                         ["host0", "host1"], "both GPUs lost")
+        assert plan.ranks_after == [], plan.diagnosis
+        assert controller.planner.job_circuits() == in_place, "what the switch carries, not a plan never made"
+        session.world.repair_gpu("host4")
+        controller.return_to_service("host4")
+        result = controller.resume()
+        assert result.status == "recovered", result.reason
+        assert result.plan is not None and sorted(result.plan.ranks_after) == ["host2", "host3", "host4", "host5"]
+        session.stop_job()
+        session.world.heal()
+
+
 def test_a_fade_never_leaves_the_light_where_one_readings_noise_would_judge_it():
     """A ci story on the namespaced bench: fades of 6.8, 0.5 and 0.5 dB walked a receiver's light
     from the floor + 1 dB onto the floor itself (-11.42 read against -11.4): the promise broke on
