@@ -88,7 +88,7 @@ class BenchSession:
                              "reserves and acquires the place (two runs never share it)")
         if not self.bench.all_emulated and self.bench.place is None:
             # A bench with a labgrid place is guarded by its acquisition (lumion-hil run), across machines.
-            self._lock = BenchLock(self.bench.name).acquire()
+            self._lock = BenchLock.for_bench(self.bench).acquire()
         self.backend = load_backend(self.bench).start()
         for name, spec in self.bench.instruments.items():
             resource = self.backend.resources[name] if spec.emulated else spec.resource

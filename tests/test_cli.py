@@ -167,7 +167,7 @@ def test_each_exit_status_is_what_the_readme_says(tmp_path, served, monkeypatch)
     from lumion_hil.harness.lock import BenchLock
 
     monkeypatch.setenv("LUMION_HIL_LOCK_DIR", str(tmp_path))
-    with BenchLock(load_bench(bench_out).name):
+    with BenchLock.for_bench(load_bench(bench_out)):
         busy = run("-k", "matches_bench")
     assert table[busy.returncode] == "bench busy", busy.stdout + busy.stderr
     assert "is in use by" in busy.stdout + busy.stderr

@@ -6,7 +6,6 @@ subprocess, as `lumion-hil run` does."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -181,12 +180,11 @@ def test_a_receiver_cut_at_the_switch_is_wired_again_on_resume(tmp_path, repaire
     replay there too, with the saved stories)."""
     name = {"host0": "then-repaired", "host5": "then-its-host-repaired"}[repaired]
     story = Path(__file__).parent / "stories" / f"exploration-receiver-cut-at-the-switch-{name}.yaml"
-    # Each case's served bench has the same name: its lock, in a folder of its own (the cases
-    # run side by side on two workers, and a bench held by another run is busy, exit 6).
-    env = {**os.environ, "LUMION_HIL_LOCK_DIR": str(tmp_path / "locks")}
+    # The cases run side by side on two workers: their served benches share a name, not an
+    # address, and a run locks addresses (harness/lock.py).
     with serve_bench(BENCHES / "exploration.yaml", tmp_path, 0.2) as (bench, _, _):
         proc = subprocess.run([sys.executable, "-m", "lumion_hil", "replay", str(story), "--bench", str(bench)],
-                              capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"4. {repaired} is repaired: resumed: recovered" in proc.stdout, proc.stdout
 

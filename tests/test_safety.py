@@ -60,6 +60,50 @@ def test_a_bench_is_locked_by_one_run(tmp_path, monkeypatch):
     BenchLock("lab bench 1").acquire().release()
 
 
+def test_a_run_locks_what_its_bench_drives_not_its_name(tmp_path, monkeypatch):
+    """Two bench files naming one switch are one bench (however its address is spelled); two
+    benches served from one file (one name, other addresses) are two; benches that own disjoint
+    ports of one switch run side by side, and none while a bench takes the whole switch."""
+    from pathlib import Path
+
+    import yaml
+
+    from lumion_hil.harness.config import parse_bench
+
+    monkeypatch.setenv("LUMION_HIL_LOCK_DIR", str(tmp_path))
+    lab = yaml.safe_load((Path(__file__).parents[1] / "benches" / "example-lab.yaml").read_text())
+
+    def bench(name: str, switch: str = "TCPIP0::192.0.2.10::5025::SOCKET", hosts: str = "lab.example",
+              owned: bool = False, shift: int = 0):
+        """The example lab's bench with the switch alone as instrument; ``shift``: its ports that
+        many higher; ``owned``: it owns its ports of the switch, and no others."""
+        data = {**lab, "name": name, "instruments": {"ocs": {**lab["instruments"]["ocs"], "resource": switch}},
+                "detectors": []}
+        data["topology"] = {**lab["topology"], "hosts": [
+            {**h, "address": h["address"].replace("lab.example", hosts),
+             "nics": [{**n, "tx_port": n["tx_port"] + shift, "rx_port": n["rx_port"] + shift} for n in h["nics"]]}
+            for h in lab["topology"]["hosts"]]}
+        data["safety"] = {**lab["safety"], "baseline": [[i + shift, e + shift] for i, e in lab["safety"]["baseline"]]}
+        if owned:
+            data["safety"]["owned_ports"] = sorted({p for h in data["topology"]["hosts"] for n in h["nics"]
+                                                    for p in (n["tx_port"], n["rx_port"])})
+        return BenchLock.for_bench(parse_bench(yaml.safe_dump(data)))
+
+    with bench("lab bench 1"):
+        with pytest.raises(BenchInUseError, match=r"bench 'other name': instrument ocs at tcpip::192.0.2.10::5025::SOCKET"
+                                                  r" is in use by pid \d+, bench 'lab bench 1'"):
+            bench("other name", switch="tcpip::192.0.2.10::5025::SOCKET", hosts="other.example").acquire()
+        with pytest.raises(BenchInUseError, match=r"host gpu-a at lab@gpu-a.lab.example is in use"):
+            bench("other hosts", switch="TCPIP0::192.0.2.11::5025::SOCKET").acquire()
+        bench("lab bench 1", switch="TCPIP0::192.0.2.11::5025::SOCKET", hosts="other.example").acquire().release()
+    with bench("left", owned=True, hosts="left.example"):
+        bench("right", owned=True, shift=6, hosts="right.example").acquire().release()
+        with pytest.raises(BenchInUseError, match=r"port \d+ of ocs .* in use by pid \d+, bench 'left'"):
+            bench("left again", owned=True, hosts="again.example").acquire()
+        with pytest.raises(BenchInUseError, match=r"instrument ocs .* in use by runs of benches that own some"):
+            bench("whole", hosts="whole.example").acquire()
+
+
 def test_a_bench_on_part_of_a_shared_switch_leaves_the_other_ports_alone(bench_cfg):
     """``safety.owned_ports`` (from a labgrid place's ports tag): ports not the bench's own are
     refused like protected ones, and what stands on them survives a baseline restore."""
