@@ -442,6 +442,13 @@ def replay(story: Story, session, *, log: Callable[[str], None] = print, measure
         why_not = explorer.missing_parts(step)
         if why_not is not None:
             raise StoryError(f"step {n} ({step.describe()}) cannot be told on bench {session.bench.name!r}: {why_not}")
+    def as_told(n: int, now: str) -> None:
+        """What step ``n`` came to when the story was first told, where it differs from ``now``
+        (the step that broke a promise then is the story's ``broke``, which the replay's caller
+        says first)."""
+        if n <= len(story.told) and story.told[n - 1] != now:
+            log(f"   as first told: {story.told[n - 1]}")
+
     try:
         for n, step in enumerate(story.steps, 1):
             started = time.monotonic()
@@ -450,8 +457,10 @@ def replay(story: Story, session, *, log: Callable[[str], None] = print, measure
                 explorer.check()
             except Broken as broken:
                 log(f"{n}. {step.describe()}: BROKEN after {time.monotonic() - started:.2f} s: {broken}")
+                as_told(n, "BROKEN")
                 return False
             log(f"{n}. {step.describe()}: {outcome} ({time.monotonic() - started:.2f} s; every promise kept)")
+            as_told(n, outcome)
         return True
     finally:
         explorer.finish()  # repaired, baseline restored: a real bench is left as it was found

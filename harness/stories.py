@@ -6,7 +6,7 @@ bench that has the hosts and NICs it names (harness/explorer.py tells it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -98,11 +98,16 @@ class Story:
     profile: str | None = None
     controller: str | None = None
     broke: str | None = None  # the promise broken, and how
+    # What each step came to as the story was first told, up to the one that broke a promise
+    # (``broke``): told again (a replay), a story that broke under load may take another path.
+    told: list[str] = field(default_factory=list)
 
     def dump(self) -> str:
-        data = {"story": "a failure sequence (lumion-hil replay STORY --bench FILE)", "bench": self.bench,
+        data: dict = {"story": "a failure sequence (lumion-hil replay STORY --bench FILE)", "bench": self.bench,
                 "seed": self.seed, "profile": self.profile, "controller": self.controller,
                 "steps": [s.to_dict() for s in self.steps]}
+        if self.told:
+            data["told"] = list(self.told)
         if self.broke:
             data["broke"] = self.broke
         text = yaml.safe_dump(data, sort_keys=False, width=100)
@@ -127,5 +132,8 @@ class Story:
             steps = [Step.from_dict(s) for s in data["steps"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise StoryError(f"{path}: a step is malformed: {exc}") from None
+        told = data.get("told") or []
+        if not isinstance(told, list) or not all(isinstance(t, str) for t in told):
+            raise StoryError(f"{path}: 'told' is a list of what each step came to, in words")
         return cls(str(data.get("bench")), steps, data.get("seed"), data.get("profile"), data.get("controller"),
-                   data.get("broke"))
+                   data.get("broke"), told)

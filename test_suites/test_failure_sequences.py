@@ -149,7 +149,9 @@ def test_failure_sequences(shard, session, bench_file, exploration, measure, rec
     stories: set[tuple[str, ...]] = set()  # distinct stories told to the end (not shrink replays)
     # the story told last, and the first that broke a promise (kept: a story that breaks only
     # sometimes, under load say, is lost to Hypothesis's shrinking when told again it holds)
-    told: dict = {"steps": [], "broke": None, "shrinking": False, "first": None, "promise": False}
+    # (with what each step came to: told again, a story that broke under load may take another
+    # path, and what it came to the first time is what shows the bug)
+    told: dict = {"steps": [], "outcomes": [], "broke": None, "shrinking": False, "first": None, "promise": False}
 
     @settings(max_examples=examples, deadline=None, derandomize=False, print_blob=False,
               database=DirectoryBasedExampleDatabase(str(profile.database(bench_file))),
@@ -160,7 +162,8 @@ def test_failure_sequences(shard, session, bench_file, exploration, measure, rec
     def sequence(data):
         explorer.reset()
         steps: list[Step] = []
-        told["steps"], told["broke"], told["promise"] = steps, None, False
+        outcomes: list[str] = []
+        told["steps"], told["outcomes"], told["broke"], told["promise"] = steps, outcomes, None, False
         length = data.draw(st.integers(1, profile.max_steps), label="length")
         try:
             for _ in range(length):
@@ -169,6 +172,7 @@ def test_failure_sequences(shard, session, bench_file, exploration, measure, rec
                 outcome = explorer.apply(step)
                 note(f"{len(steps)}. {step.describe()}: {outcome}")
                 explorer.check()
+                outcomes.append(outcome)  # every promise kept after it
             if not told["shrinking"]:  # after the first broken story, Hypothesis only tells it again (or shrinks it)
                 stories.add(tuple(step.describe() for step in steps))
         except Exception as broken:  # a promise broken, or the harness itself failing: both are stories
@@ -176,7 +180,7 @@ def test_failure_sequences(shard, session, bench_file, exploration, measure, rec
             told["shrinking"] = True
             told["promise"] = isinstance(broken, Broken)
             if told["first"] is None:
-                told["first"] = (list(steps), told["broke"])
+                told["first"] = (list(steps), list(outcomes), told["broke"])
             raise
         finally:
             lengths.append(len(steps))
@@ -190,15 +194,16 @@ def test_failure_sequences(shard, session, bench_file, exploration, measure, rec
     except Exception as exc:
         stamp = f"{bench_file.name}-{time.strftime('%Y%m%d-%H%M%S')}-shard{shard}"
         last = "the story that breaks a promise" if told["promise"] else "the story told last"
-        told_stories = [("", last, list(told["steps"]), told["broke"] or
+        told_stories = [("", last, list(told["steps"]), list(told["outcomes"]), told["broke"] or
                          f"{type(exc).__name__}: {exc}")]
         if told["first"] is not None and not told["promise"]:  # the last telling broke no promise: keep the first
-            steps, broke = told["first"]
-            told_stories.append(("-first", "the first story that broke a promise", steps,
+            steps, outcomes, broke = told["first"]
+            told_stories.append(("-first", "the first story that broke a promise", steps, outcomes,
                                  f"{broke} (told again, it " + (f"ended in {told['broke']})" if told["broke"]
                                                                   else "kept every promise)")))
-        for suffix, title, steps, broke in told_stories:
-            story = Story(bench_file.name, steps, the_seed, profile.name, bench_file.recovery.controller, broke)
+        for suffix, title, steps, outcomes, broke in told_stories:
+            story = Story(bench_file.name, steps, the_seed, profile.name, bench_file.recovery.controller, broke,
+                          told=outcomes)
             path = story.save(results_dir / "stories" / f"{stamp}{suffix}.yaml")
             allure.attach(story.dump(), name=title, attachment_type=allure.attachment_type.TEXT)
             print(f"\n{title}:\n{story.dump()}\nstory saved: {path} (lumion-hil replay {path} --bench BENCH)")

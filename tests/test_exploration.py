@@ -54,6 +54,7 @@ def test_a_broken_controller_is_caught_and_shrunk_to_a_short_story(tmp_path, def
     story = Story.load(stories[0])
     assert story.broke.startswith(promise), story.broke
     assert 1 <= len(story.steps) <= 3, stories[0].read_text()
+    assert len(story.told) == len(story.steps) - 1, "what each step before the broken one came to"
     assert all(s.host for s in story.steps if s.action != "quiet")  # hosts by name, never by index
 
 
@@ -109,6 +110,7 @@ def test_a_story_saved_on_the_default_bench_replays_on_the_serial_bench(tmp_path
     assert status == 1 and len(stories) == 1, output[-3000:]
     story = Story.load(stories[0])
     assert story.bench == "emulated-prototype"
+    assert len(story.told) == len(story.steps) - 1, "what each step before the broken one came to"
     replay = [sys.executable, "-m", "lumion_hil", "replay", str(stories[0]), "--bench",
               str(BENCHES / "emulated-serial.yaml"), "--time-scale", "0.2"]
     again = subprocess.run(replay + ["--defect", "spare_in_use"], capture_output=True, text=True, timeout=120)
@@ -117,6 +119,24 @@ def test_a_story_saved_on_the_default_bench_replays_on_the_serial_bench(tmp_path
     fixed = subprocess.run(replay, capture_output=True, text=True, timeout=120)
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr  # the reference controller keeps it
     assert "every promise kept" in fixed.stdout
+
+
+def test_a_replay_says_where_a_step_came_to_something_else_when_first_told(tmp_path):
+    """A story that broke under load may take another path told again (a CI story broke at its
+    fourth step because its third had taken a path no replay took): the saved story keeps what
+    each step came to, and the replay says where it differs."""
+    story = tmp_path / "story.yaml"
+    Story("emulated-prototype", [Step("fault", host="host0", kind="gpu_failure"), Step("quiet")],
+          told=["failed: as the first telling had it", "the job stepped on (99)"]).save(story)
+    assert Story.load(story).told == ["failed: as the first telling had it", "the job stepped on (99)"]
+    proc = subprocess.run([sys.executable, "-m", "lumion_hil", "replay", str(story), "--bench",
+                           str(BENCHES / "emulated.yaml"), "--time-scale", "0.2"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("1. gpu_failure at host0: recovered"))
+    assert lines[first + 1] == "   as first told: failed: as the first telling had it", proc.stdout
+    assert "   as first told: the job stepped on (99)" in lines, proc.stdout
 
 
 def test_a_story_naming_parts_the_bench_lacks_is_refused_before_anything_moves(tmp_path):
