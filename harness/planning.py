@@ -12,12 +12,14 @@ Extension points (passed to ``ReferenceController``):
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 from lumion_hil.harness.errors import SafetyError
 from lumion_hil.harness.recovery_model import Detection, DetectionKind, Plan
 from lumion_hil.harness.spares import SparePool
 from lumion_hil.instruments.protocols import InstrumentError
+from lumion_hil.instruments.threads import at_once
 
 if TYPE_CHECKING:
     from lumion_hil.harness.config import Bench
@@ -117,21 +119,30 @@ class Planner:
 
     def plan(self, detection: Detection, ranks: list[str]) -> Plan:
         ranks = list(ranks)
+        why, reason = f"{detection.kind}", f"{detection.kind} on {detection.host}"
         if detection.kind == DetectionKind.JOB_EXIT and not self.spares.lost(detection.host):
-            return Plan(None, None, ranks, ranks, diagnosis=f"the job exited on {detection.host} "
-                        f"(return code {detection.detail.get('returncode')}); its GPU and links are healthy: restart in place")
-        failed, other_end = self.diagnose(detection)
+            # A rank's exit is often a symptom: a peer of its collective died (its GPU lost), and
+            # the exit of a rank that waited on it may be seen before the lost GPU's own XID.
+            others = [h for h in ranks if h != detection.host]
+            lost = [h for h, gone in at_once({h: partial(self.spares.lost, h) for h in others}).items() if gone is True]
+            if not lost:
+                return Plan(None, None, ranks, ranks, diagnosis=f"the job exited on {detection.host} (return code "
+                            f"{detection.detail.get('returncode')}); its GPU and links are healthy: restart in place")
+            failed, other_end = lost[0], None
+            why = reason = f"its GPU lost (seen first: the job's exit on {detection.host})"
+        else:
+            failed, other_end = self.diagnose(detection)
         spare = self.spares.pick(ranks)
         if spare is None:
-            self.spares.take_out(failed, f"{detection.kind} on {detection.host}")
+            self.spares.take_out(failed, reason)
             guess = ""
             if other_end is not None and other_end in ranks:
                 self.spares.guessed[failed] = other_end
                 guess = f" (a guess: nothing shows whether {failed} or {other_end} failed)"
-            return Plan(failed, None, ranks, [], diagnosis=f"{failed} failed ({detection.kind}){guess} and "
+            return Plan(failed, None, ranks, [], diagnosis=f"{failed} failed ({why}){guess} and "
                         f"{self.spares.no_spare()}: the job cannot be recovered on this fabric (degraded)")
-        plan = self.replacement(ranks, failed, spare, f"{detection.kind}")
-        self.spares.take_out(failed, f"{detection.kind} on {detection.host}")
+        plan = self.replacement(ranks, failed, spare, why)
+        self.spares.take_out(failed, reason)
         if other_end is not None and other_end in ranks:
             plan.diagnosis += "; the receiving end was assumed (nothing shows which end of the link failed)"
             plan.fallback = self.replacement(ranks, other_end, spare, f"{detection.kind}, the sending end")

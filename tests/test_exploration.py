@@ -283,6 +283,45 @@ def test_a_replan_that_ends_degraded_leaves_the_job_circuits_as_wired():
         session.world.heal()
 
 
+
+def test_a_peers_exit_seen_before_the_lost_gpu_replaces_the_lost_gpu(monkeypatch):
+    """When a rank's GPU is lost, the ranks waiting on it in their collective exit at once (their
+    peer is gone). Under load one of their exits may be reported before the lost GPU's own XID or
+    exit: the controller restarted the job in place, and only the failed restart showed the lost
+    GPU (an extra restart; with a second GPU lost at it, the story of
+    test_a_replan_that_ends_degraded_leaves_the_job_circuits_as_wired). A job's exit on a host
+    whose GPU is healthy now looks for a lost GPU among the other ranks first."""
+    from lumion_hil.harness import detection
+    from lumion_hil.harness.config import load_bench
+    from lumion_hil.harness.controller import ReferenceController
+    from lumion_hil.harness.session import BenchSession
+
+    def late_on_host1(watch):
+        def watcher(self, stop, agent, host, *args):
+            if host == "host1":  # its agent's replies late, beyond the neighbours' NCCL timeout
+                stop.wait(2 * bench.job.nccl_timeout_s * bench.time_scale)
+            return watch(self, stop, agent, host, *args)
+        return watcher
+
+    bench = load_bench(BENCHES / "exploration.yaml")  # at a fiftieth of real time: a timeout of 0.6 s
+    for name in ("_watch_xid", "_watch_job", "_watch_link"):
+        monkeypatch.setattr(detection.Watchers, name, late_on_host1(getattr(detection.Watchers, name)))
+    with BenchSession.open(bench) as session:
+        ranks = list(bench.job.ranks)
+        session.start_job(ranks)
+        assert session.hosts[ranks[0]].wait_step(1, bench.waits.recovery_s).reached
+        controller = ReferenceController(session, ranks)
+        controller.arm()
+        session.world.fail_gpu("host1")
+        result = controller.recover()
+        session.stop_job()
+        session.world.heal()
+    assert result.detection is not None and result.detection.kind == "job_exit", result.detection
+    assert result.detection.host != "host1", "a neighbour's exit, seen first"
+    assert result.status == "recovered", result.reason
+    assert result.plan is not None and result.plan.failed_host == "host1", result.reason
+    assert "replan" not in result.phases, f"one restart, not two: {result.reason}"
+
 def test_a_fade_never_leaves_the_light_where_one_readings_noise_would_judge_it():
     """A ci story on the namespaced bench: fades of 6.8, 0.5 and 0.5 dB walked a receiver's light
     from the floor + 1 dB onto the floor itself (-11.42 read against -11.4): the promise broke on
