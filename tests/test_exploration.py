@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -296,14 +297,23 @@ def test_a_peers_exit_seen_before_the_lost_gpu_replaces_the_lost_gpu(monkeypatch
     from lumion_hil.harness.controller import ReferenceController
     from lumion_hil.harness.session import BenchSession
 
+    neighbour_out = threading.Event()
+    report = detection.Watchers._report
+
+    def reported(self, found, stop):
+        report(self, found, stop)
+        if found.kind == "job_exit" and found.host != "host1":
+            neighbour_out.set()
+
     def late_on_host1(watch):
         def watcher(self, stop, agent, host, *args):
-            if host == "host1":  # its agent's replies late, beyond the neighbours' NCCL timeout
-                stop.wait(2 * bench.job.nccl_timeout_s * bench.time_scale)
+            if host == "host1":  # its agent's replies late: after a neighbour's exit (its NCCL timeout)
+                neighbour_out.wait(60)
             return watch(self, stop, agent, host, *args)
         return watcher
 
     bench = load_bench(BENCHES / "exploration.yaml")  # at a fiftieth of real time: a timeout of 0.6 s
+    monkeypatch.setattr(detection.Watchers, "_report", reported)
     for name in ("_watch_xid", "_watch_job", "_watch_link"):
         monkeypatch.setattr(detection.Watchers, name, late_on_host1(getattr(detection.Watchers, name)))
     with BenchSession.open(bench) as session:
