@@ -442,6 +442,7 @@ def replay(story: Story, session, *, log: Callable[[str], None] = print, measure
         why_not = explorer.missing_parts(step)
         if why_not is not None:
             raise StoryError(f"step {n} ({step.describe()}) cannot be told on bench {session.bench.name!r}: {why_not}")
+
     def as_told(n: int, now: str) -> None:
         """What step ``n`` came to when the story was first told, where it differs from ``now``
         (the step that broke a promise then is the story's ``broke``, which the replay's caller
