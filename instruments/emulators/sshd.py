@@ -187,6 +187,7 @@ class HostSshd:
         self.log = keys.run_dir / f"sshd-{host}.log"
         self.pid_file = keys.run_dir / f"sshd-{host}.pid"
         self._proc: subprocess.Popen | None = None
+        self._up = threading.Event()  # set once a started listener has answered; cleared by stop
 
     @property
     def argv(self) -> list[str]:
@@ -235,8 +236,13 @@ class HostSshd:
 
     @property
     def alive(self) -> bool:
-        """The listener is running."""
+        """The listener is running (it may not answer yet: see ``wait_up``)."""
         return self._proc is not None and self._proc.poll() is None
+
+    def wait_up(self, timeout_s: float) -> bool:
+        """Wait until the listener answers (``start`` has seen its SSH banner), as after a power
+        loss whose timer starts it again; False if it does not within ``timeout_s``."""
+        return self._up.wait(timeout_s) and self.alive
 
     @property
     def pid(self) -> int | None:
@@ -246,7 +252,8 @@ class HostSshd:
     def start(self) -> None:
         """Start the listener and wait until a connection to it from here (the harness's network
         namespace, as the harness will connect) gets its SSH banner."""
-        if self.alive:
+        if self.alive:  # started, or being started by another thread: wait for it to answer
+            self._up.wait(self.start_timeout_s)
             return
         os.makedirs(PRIVSEP_DIR, mode=0o755, exist_ok=True)
         self.keys.trust(self.address, self.port)
@@ -254,17 +261,20 @@ class HostSshd:
         with self.log.open("ab") as log:
             log_from = log.tell()
             try:
-                self._proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                              start_new_session=True)
+                proc = self._proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                                     start_new_session=True)
             except OSError as exc:
                 raise InstrumentError(f"sshd of {self.host}", shlex.join(self.argv),
                                       f"cannot start: {exc.strerror or exc}") from None
         deadline = time.monotonic() + self.start_timeout_s
         while True:
-            code = self._proc.poll()
+            if self._proc is not proc:  # stopped meanwhile (a power-loss timer's start beside a close)
+                return
+            code = proc.poll()
             if code is not None:
                 self._fail(f"exited with status {code}", log_from)
             if self._answers(min(1.0, max(0.05, deadline - time.monotonic()))):
+                self._up.set()
                 return
             if time.monotonic() >= deadline:
                 self.stop()
@@ -311,6 +321,7 @@ class HostSshd:
         """Stop the listener and (``sessions``) the connections' sshd processes. Safe twice."""
         if sessions:
             self.kill_sessions()
+        self._up.clear()
         proc, self._proc = self._proc, None
         if proc is None:
             return
