@@ -6,7 +6,7 @@ commands on the timeline, carrier changes the NICs' agents stamped: :func:`contr
 from __future__ import annotations
 
 import ast
-import functools
+import concurrent.futures
 import subprocess
 import sys
 import threading
@@ -121,20 +121,42 @@ _READER = ("import subprocess, sys, time\n"
            "print(late if writer.wait() == 0 else 'the writer failed')\n")
 
 
-@functools.lru_cache(maxsize=4)
-def _reader_floor(writers: int, interval_ms: int, lines: int) -> tuple[float, ...]:
+def _measure_floor(writers: int, interval_s: float, lines: int) -> list[float]:
     start = time.monotonic_ns() + 500_000_000  # every writer started (a python each) before its first wake
-    procs = [subprocess.Popen([sys.executable, "-c", _READER, _WRITER, str(start), str(interval_ms / 1000), str(lines)],
+    procs = [subprocess.Popen([sys.executable, "-c", _READER, _WRITER, str(start), str(interval_s), str(lines)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(writers)]
     late: list[float] = []
     for proc in procs:
-        out, err = proc.communicate(timeout=30 + 2 * lines * interval_ms / 1000)
+        out, err = proc.communicate(timeout=30 + 2 * lines * interval_s)
         try:
             late += [ns / 1e9 for ns in ast.literal_eval(out.strip())]
         except (ValueError, SyntaxError, TypeError):
             raise RuntimeError(f"the bare reader's probe failed (exit {proc.returncode}): "
                                f"{(out + err).strip()[-300:] or 'no output'}") from None
-    return tuple(late)
+    return late
+
+
+_floors: dict[tuple[int, int, int], concurrent.futures.Future] = {}
+_floors_lock = threading.Lock()
+
+
+def start_reader_floor(writers: int, interval_s: float, lines: int = STAMPED_STEPS) -> concurrent.futures.Future:
+    """Start measuring :func:`reader_floor` in the background (once per run for each writers,
+    interval to 10 ms and lines: the machine's, not one recovery's); its future."""
+    key = (writers, max(10, round(interval_s * 100) * 10), lines)
+    with _floors_lock:
+        future = _floors.get(key)
+        if future is None:
+            future = _floors[key] = concurrent.futures.Future()
+
+            def measure() -> None:
+                try:
+                    future.set_result(_measure_floor(key[0], key[1] / 1000, key[2]))
+                except BaseException as exc:  # the caller's result() raises it
+                    future.set_exception(exc)
+
+            threading.Thread(target=measure, daemon=True, name="reader-floor").start()
+    return future
 
 
 def reader_floor(writers: int, interval_s: float, lines: int = STAMPED_STEPS) -> list[float]:
@@ -143,9 +165,8 @@ def reader_floor(writers: int, interval_s: float, lines: int = STAMPED_STEPS) ->
     a process of its own (as each host's agent reads its rank), ``lines`` lines each. What the
     machine itself costs such a line, whatever reads it: an idle core's wake-up (on a 2-core
     VM, a bare reader's line came 2 ms late after 0.3 s asleep and 9 ms after 1.6 s, the
-    default bench's step at real time). Measured once per run for each (writers, interval to
-    10 ms): the machine's, not the recovery's."""
-    return list(_reader_floor(writers, max(10, round(interval_s * 100) * 10), lines))
+    default bench's step at real time)."""
+    return list(start_reader_floor(writers, interval_s, lines).result())
 
 
 def step_interval_s(pairs: list[tuple[int, int]]) -> float:
@@ -153,6 +174,27 @@ def step_interval_s(pairs: list[tuple[int, int]]) -> float:
     every rank's first STAMPED_STEPS steps: the ranks step together)."""
     instants = [world for world, _ in pairs]
     return (max(instants) - min(instants)) / 1e9 / max(1, STAMPED_STEPS - 1) if instants else 0.0
+
+
+def step_interval_before(world, ranks: list[str], before_ns: int) -> float | None:
+    """The job's step interval before ``before_ns`` (a fault): between the last two consecutive
+    steps one of ``ranks`` told the world; None if none did."""
+    for host in ranks:
+        steps = [(e.t_ns, e.detail.get("step")) for e in world.events_of("job.step", host) if e.t_ns < before_ns]
+        if len(steps) >= 2 and isinstance(steps[-1][1], int) and steps[-2][1] == steps[-1][1] - 1:
+            return (steps[-1][0] - steps[-2][0]) / 1e9
+    return None
+
+
+def floor_from_before(world, ranks: list[str], fault_ns: int) -> float | None:
+    """Start measuring the bare reader (:func:`start_reader_floor`, as many writers as
+    ``ranks``) at the job's step interval before ``fault_ns``, so that it runs while the
+    restarted job's steps are stamped; that interval, or None where the job had not stepped
+    twice before the fault."""
+    interval = step_interval_before(world, ranks, fault_ns)
+    if interval is not None:
+        start_reader_floor(len(ranks), interval)
+    return interval
 
 
 @dataclass(frozen=True)
@@ -165,17 +207,20 @@ class StampError:
         return self.decision.n_after == self.expected
 
 
-def stamp_error(session, world, restart: Restart, timeout_s: float,
+def stamp_error(session, world, restart: Restart, timeout_s: float, fault_ns: int | None = None,
                 alpha: float = decisions.RECOVERY_ERROR_ALPHA) -> StampError:
     """Whether the agents' stamps of the restarted job's steps (what ``recovery_to_first_step``
-    is measured from) differ from the world's instants by more than :data:`MEASUREMENT_MARGIN_S`:
-    a paired decision over :func:`stamp_pairs` (the trimmed mean of the stamps' lateness; a line
-    a busy core delayed weighs little, a host that reports every line late shows in all of
-    them). Its rate is nominal: it takes the pairs as independent, while a host's pairs share its
-    clock mapping and the ranks' lines of one step are read at one moment."""
+    is measured from) are later after the world's instants than a bare reader's lines on this
+    machine by more than :data:`MEASUREMENT_MARGIN_S` (:func:`stamp_decision`). The bare
+    reader is measured while the steps are stamped, at the job's step interval before the
+    fault (``fault_ns``; else the restarted job's, after them). Its rate is nominal: it takes
+    the stamps as independent, while a host's share its clock mapping and the ranks' lines of
+    one step are read at one moment."""
+    writers = len(restart.ranks)
+    interval = floor_from_before(world, restart.ranks, fault_ns) if fault_ns is not None else None
     pairs = stamp_pairs(session, world, restart.ranks, restart.restarted_ns, timeout_s)
-    return StampError(stamp_decision(pairs, len(restart.ranks), step_interval_s(pairs), alpha),
-                      len(restart.ranks) * STAMPED_STEPS)
+    return StampError(stamp_decision(pairs, writers, interval or step_interval_s(pairs), alpha),
+                      writers * STAMPED_STEPS)
 
 
 def stamp_decision(pairs: list[tuple[int, int]], writers: int, interval_s: float,

@@ -18,15 +18,17 @@ from lumion_hil.harness.job_restart import (
     observe_restart, rank_map,
 )
 from lumion_hil.harness.overhead import (
-    LinkWatch, Overhead, RecoveryTruth, between_phases_s, controller_overhead, ground_truth, stamp_error, switch_commands,
+    LinkWatch, Overhead, RecoveryTruth, between_phases_s, controller_overhead, floor_from_before, ground_truth,
+    stamp_error, switch_commands,
 )
 from lumion_hil.harness.recovery_model import RecoveryResult
 from lumion_hil.instruments.backend import FaultKind
 
-__all__ = ["JOB_EXTRAS", "JOB_PHASES", "SWAP_FAULTS", "JobPhase", "LightProbe", "LinkWatch", "NotRestarted", "Overhead",
-           "RecoveryTruth", "Restart", "between_phases_s", "checkpoint_saved_before", "controller_overhead",
-           "ground_truth", "job_last_words", "job_phases", "migrate_to_reserved_rack", "observe_restart", "rank_map",
-           "recover_from", "recover_once", "stamp_error", "switch_commands"]
+__all__ = ["JOB_EXTRAS", "JOB_PHASES", "SWAP_FAULTS", "JobPhase", "LightProbe", "LinkWatch", "NotRestarted",
+           "Overhead", "RecoveryTruth", "Restart", "between_phases_s", "checkpoint_saved_before",
+           "controller_overhead", "floor_from_before", "ground_truth", "job_last_words", "job_phases",
+           "migrate_to_reserved_rack", "observe_restart", "rank_map", "recover_from", "recover_once", "stamp_error",
+           "switch_commands"]
 
 
 class LightProbe:
