@@ -140,3 +140,16 @@ def test_scipy_is_imported_at_the_first_decision_not_with_the_harness():
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "True"], proc.stdout
+
+
+def test_the_bare_readers_floor_has_one_lateness_a_line_and_is_measured_once():
+    """The machine's floor under the agents' stamps (harness/overhead.py reader_floor): every
+    writer's every line read, none before it was written (one clock), and a second ask for the
+    same writers and interval is the first measurement, not another."""
+    from lumion_hil.harness.overhead import reader_floor, start_reader_floor
+
+    floor = reader_floor(2, 0.05, lines=3)
+    assert len(floor) == 2 * 3
+    assert all(0 <= late < 1.0 for late in floor), floor
+    assert start_reader_floor(2, 0.05, lines=3) is start_reader_floor(2, 0.051, lines=3)
+    assert reader_floor(2, 0.05, lines=3) == floor
