@@ -238,7 +238,8 @@ def test_recovery_time(session, bench_file, running_job, fault_kind, measure, ti
         decision = error.decision
         measure(Spec("recovery_measurement_error", "s", software=True, description="how late the agents stamp the "
                      "restarted job's steps (the first steps of every rank) after the world's instants, beyond how "
-                     "late a bare reader on this machine reads such a line: the difference of the trimmed means").decided_by(
+                     "late a bare reader on this machine reads such a line: the difference of the trimmed "
+                     "means").decided_by(
             decision, "harness requirement: the stamps within 5 ms of ground truth, beyond the machine's own wake-up"),
             decision.effect if error.complete else None, decision=decision.text(1000, "ms"),
             interval_s=[decision.low, decision.high], pairs=decision.n_after, pairs_expected=error.expected,

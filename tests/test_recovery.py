@@ -57,11 +57,11 @@ def test_recovery_at_real_time_agrees_with_ground_truth():
     reader_floor). A busy core delays an agent's read of a line by several ms now and then (4.4 ms
     seen with two busy loops on two cores): the decision weighs that line little; an idle core's
     wake-up (9 ms once after 1.6 s asleep, on a 2-core VM) is the floor's too. An agent that
-    reads every line late is ``differs``, red: 8 ms late (slow_agent=0.008) is +10.1 ms beyond the
-    floor, where the first step's error alone, one sample against a fixed 10 ms, passed it. While it is ``undecided``, the same
-    failure is recovered again from a fresh job and its pairs added, at most 3 recoveries; then
-    it is a warning that names it (the samples cannot tell, and a red night must mean a
-    regression).
+    reads every line late is ``differs``, red: 8 ms late (slow_agent=0.008) is +10.2 ms beyond the
+    floor, where the first step's error alone, one sample against a fixed 10 ms, passed it.
+    While it is ``undecided``, the same failure is recovered again from a fresh job and its pairs
+    added, at most 3 recoveries; then it is a warning that names it (the samples cannot tell, and
+    a red night must mean a regression).
 
     On every recovery, limits on the sample itself: no stamp before the world's instant by more
     than its clock's stated uncertainty (a busy core only makes them late); at least 4
