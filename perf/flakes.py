@@ -18,7 +18,7 @@ design (more samples, a stated decision, harness/decisions.py), never a wider to
 
 --beside-others: instead of the busy loop, the other tests run beside the alone tests as
 scripts/tests runs them (on two workers in the idle scheduling class, scripts/idle, the ones
-marked scaled left out), and their outcomes are counted too: both sides of that phase.
+marked scaled or measures left out), and their outcomes are counted too: both sides of that phase.
     .venv/bin/python perf/flakes.py --keep /tmp/flakes   # each failing run's whole pytest output kept there
 """
 
@@ -88,7 +88,7 @@ def main() -> int:
                     others_log = (Path(tmp) / f"others-{run}.log").open("w")
                     others = subprocess.Popen(
                         [str(ROOT / "scripts" / "idle"), sys.executable, "-m", "pytest", "tests", "-n", "2", "--dist",
-                         "loadgroup", "-m", "not alone and not scaled", "-q", "-p", "no:cacheprovider",
+                         "loadgroup", "-m", "not alone and not scaled and not measures", "-q", "-p", "no:cacheprovider",
                          f"--junitxml={Path(tmp) / f'others-{run}.xml'}"],
                         cwd=ROOT, env=env, stdout=others_log, stderr=subprocess.STDOUT)
                 done = subprocess.run([sys.executable, "-m", "pytest", "tests", "-m", "alone", *keyword, "-q",
