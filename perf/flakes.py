@@ -3,9 +3,8 @@
 Every test marked ``alone`` (scripts/tests runs them one at a time: they judge timing or
 throughput against the emulator's ground truth or a recording) runs N times, one pytest after
 another, as scripts/tests runs them, while a busy loop (``python3 -c "while True: pass"``,
-started here and stopped at the end) takes one of the machine's cores: more than CI takes from
-them (the other tests run in the idle scheduling class beside them, scripts/tests; in CI the
-suites beside them use under a core). It prints each test's pass rate, its
+started here and stopped at the end) takes one of the machine's cores: the most that the other
+tests, held to every core but one, can take from them there. It prints each test's pass rate, its
 failures' first lines, the load average before and after, and the time it took.
 
 A test that fails here without a real regression is a defect of the test: its fix is a better
@@ -17,8 +16,8 @@ design (more samples, a stated decision, harness/decisions.py), never a wider to
     .venv/bin/python perf/flakes.py --beside-others --runs 5   # as scripts/tests runs them (below)
 
 --beside-others: instead of the busy loop, the other tests run beside the alone tests as
-scripts/tests runs them (on two workers in the idle scheduling class, scripts/idle, the ones
-marked scaled or measures left out), and their outcomes are counted too: both sides of that phase.
+scripts/tests runs them (on two workers, held to every core but the first by scripts/held, the
+ones marked scaled left out), and their outcomes are counted too: both sides of that phase.
     .venv/bin/python perf/flakes.py --keep /tmp/flakes   # each failing run's whole pytest output kept there
 """
 
@@ -62,7 +61,7 @@ def main() -> int:
     parser.add_argument("-k", dest="keyword", default=None, help="only the tests pytest's -k selects")
     parser.add_argument("--no-busy-core", action="store_true", help="no busy loop beside the tests")
     parser.add_argument("--beside-others", action="store_true",
-                        help="the other tests beside them, in the idle class, as scripts/tests runs them (no busy loop)")
+                        help="the other tests beside them, held, as scripts/tests runs them (no busy loop)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the whole pytest output (and its JUnit XML) of every run with a failure here")
     args = parser.parse_args()
@@ -72,7 +71,7 @@ def main() -> int:
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     busy = None if args.no_busy_core or args.beside_others else subprocess.Popen(
         [sys.executable, "-c", "while True: pass"])
-    beside = "beside the others, idle class" if args.beside_others else "beside a busy core" if busy else "on a quiet machine"
+    beside = "beside the others, held" if args.beside_others else "beside a busy core" if busy else "on a quiet machine"
     tallies: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     failures: dict[str, list[str]] = collections.defaultdict(list)
     started, load_before = time.monotonic(), os.getloadavg()
@@ -87,8 +86,8 @@ def main() -> int:
                 if args.beside_others:
                     others_log = (Path(tmp) / f"others-{run}.log").open("w")
                     others = subprocess.Popen(
-                        [str(ROOT / "scripts" / "idle"), sys.executable, "-m", "pytest", "tests", "-n", "2", "--dist",
-                         "loadgroup", "-m", "not alone and not scaled and not measures", "-q", "-p", "no:cacheprovider",
+                        [str(ROOT / "scripts" / "held"), sys.executable, "-m", "pytest", "tests", "-n", "2", "--dist",
+                         "loadgroup", "-m", "not alone and not scaled", "-q", "-p", "no:cacheprovider",
                          f"--junitxml={Path(tmp) / f'others-{run}.xml'}"],
                         cwd=ROOT, env=env, stdout=others_log, stderr=subprocess.STDOUT)
                 done = subprocess.run([sys.executable, "-m", "pytest", "tests", "-m", "alone", *keyword, "-q",
@@ -98,7 +97,7 @@ def main() -> int:
                 if others is not None:
                     others.wait()
                     others_log.close()
-                    outcomes.update({f"idle beside: {test}": outcome
+                    outcomes.update({f"held beside: {test}": outcome
                                      for test, outcome in _outcomes(Path(tmp) / f"others-{run}.xml").items()})
                 bad = count(outcomes, run, tallies, failures)
                 if args.keep is not None and (bad or done.returncode not in (0, 5)):

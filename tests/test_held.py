@@ -1,7 +1,5 @@
 """scripts/held runs a command on every core this process may use but the first, so that what
-runs beside it always has a core the command cannot take (perf/flakes.py's busy loop).
-scripts/idle runs a command in the idle scheduling class, so that what runs beside it at the
-normal class (the alone tests, in scripts/tests) takes a core from it the moment it wakes."""
+runs beside it (the alone tests, in scripts/tests) always has a core the command cannot take."""
 
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ import sys
 from conftest import ROOT
 
 HELD = str(ROOT / "scripts" / "held")
-IDLE = str(ROOT / "scripts" / "idle")
 CORES = [sys.executable, "-c", "import json, os; print(json.dumps(sorted(os.sched_getaffinity(0))))"]
 
 
@@ -38,20 +35,3 @@ def test_on_one_core_the_command_runs_as_it_is():
 def test_without_a_command_it_says_how_to_call_it():
     done = subprocess.run([HELD], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "usage: scripts/held COMMAND" in done.stderr
-
-
-def test_idle_runs_the_command_and_its_children_in_the_idle_class():
-    policies = ("import os, subprocess, sys; print(os.sched_getscheduler(0), os.SCHED_IDLE, "
-                "subprocess.run([sys.executable, '-c', 'import os; print(os.sched_getscheduler(0))'], "
-                "capture_output=True, text=True).stdout.strip())")
-    done = subprocess.run([IDLE, sys.executable, "-c", policies], capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    own, idle, child = done.stdout.split()
-    assert own == idle == child, done.stdout
-
-
-def test_idle_passes_the_commands_exit_status_and_without_one_says_how_to_call_it():
-    done = subprocess.run([IDLE, sys.executable, "-c", "raise SystemExit(3)"], capture_output=True, text=True, timeout=30)
-    assert done.returncode == 3, done.stderr
-    done = subprocess.run([IDLE], capture_output=True, text=True, timeout=30)
-    assert done.returncode == 2 and "usage: scripts/idle COMMAND" in done.stderr

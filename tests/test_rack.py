@@ -250,7 +250,6 @@ def best_mbit(rack: Rack, shaped_mbit: float, *path: str, tries: int = 3) -> flo
     return best
 
 
-@pytest.mark.measures  # a rate or a time, moved by a starved core
 def test_a_joined_pair_carries_its_shaped_rate_and_the_uplink_follows_set_uplink_mbit(fresh):
     a, b = ("gpu2", "nic0"), ("gpu3", "nic0")
     fresh.set_carrier(*a, True)
@@ -270,7 +269,6 @@ def test_a_joined_pair_carries_its_shaped_rate_and_the_uplink_follows_set_uplink
     assert 20 * 0.9 <= slowed <= 20 * 1.05
 
 
-@pytest.mark.measures  # a rate or a time, moved by a starved core
 def test_uplinks_queue_whole_windows_of_hosts_whose_send_buffers_are_capped(fresh):
     """Two cubic flows through an uplink's FIFO must not overflow it (see UPLINK_WINDOWS): each
     host's TCP send buffer is capped, and both ends of every uplink queue UPLINK_WINDOWS such
@@ -302,7 +300,6 @@ def test_uplinks_queue_whole_windows_of_hosts_whose_send_buffers_are_capped(fres
 # -- 4. build, teardown, stale racks -------------------------------------------------------------
 
 
-@pytest.mark.measures  # a rate or a time, moved by a starved core
 def test_build_takes_well_under_two_seconds_and_twice_is_fine(fresh, tmp_path):
     other = Rack(make_spec(), prefix=new_prefix(), state_dir=str(tmp_path))
     try:
@@ -460,7 +457,6 @@ def test_the_root_namespace_and_the_hosts_reach_each_other_on_the_management_net
             assert s.getsockname()[0] == fresh.mgmt_gateway
 
 
-@pytest.mark.measures  # a rate or a time, moved by a starved core
 def test_slow_mgmt_delays_what_the_host_sends_and_none_restores_it(fresh):
     def upload_s(nbytes: int) -> float:
         with socket.create_server((fresh.mgmt_gateway, 0)) as server:
