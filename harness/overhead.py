@@ -207,19 +207,18 @@ class StampError:
         return self.decision.n_after == self.expected
 
 
-def stamp_error(session, world, restart: Restart, timeout_s: float, fault_ns: int | None = None,
+def stamp_error(session, world, restart: Restart, timeout_s: float, interval_s: float | None = None,
                 alpha: float = decisions.RECOVERY_ERROR_ALPHA) -> StampError:
     """Whether the agents' stamps of the restarted job's steps (what ``recovery_to_first_step``
     is measured from) are later after the world's instants than a bare reader's lines on this
     machine by more than :data:`MEASUREMENT_MARGIN_S` (:func:`stamp_decision`). The bare
-    reader is measured while the steps are stamped, at the job's step interval before the
-    fault (``fault_ns``; else the restarted job's, after them). Its rate is nominal: it takes
-    the stamps as independent, while a host's share its clock mapping and the ranks' lines of
-    one step are read at one moment."""
+    reader runs at ``interval_s``, the job's step interval before the fault, where
+    :func:`floor_from_before` started it while the steps were stamped; else at the restarted
+    job's, after them. Its rate is nominal: it takes the stamps as independent, while a host's
+    share its clock mapping and the ranks' lines of one step are read at one moment."""
     writers = len(restart.ranks)
-    interval = floor_from_before(world, restart.ranks, fault_ns) if fault_ns is not None else None
     pairs = stamp_pairs(session, world, restart.ranks, restart.restarted_ns, timeout_s)
-    return StampError(stamp_decision(pairs, writers, interval or step_interval_s(pairs), alpha),
+    return StampError(stamp_decision(pairs, writers, interval_s or step_interval_s(pairs), alpha),
                       writers * STAMPED_STEPS)
 
 

@@ -174,8 +174,8 @@ def test_recovery_time(session, bench_file, running_job, fault_kind, measure, ti
     saved = checkpoint_saved_before(session, running_job[0])
     recovery = _recover(session, bench_file, running_job, fault_kind)
     fault, fault_ns, result = recovery.fault, recovery.fault_ns, recovery.result
-    if session.world is not None:  # this machine's bare reader, measured while the job restarts (stamp_error)
-        floor_from_before(session.world, running_job, fault_ns)
+    # this machine's bare reader, measured while the job restarts (stamp_error, below)
+    interval = floor_from_before(session.world, running_job, fault_ns) if session.world is not None else None
     _attach(bench_file, fault, fault_ns, result, recovery.probe)
     allure.dynamic.description(f"{fault.describe()}: {result.status}. {result.reason}")
     if result.status != "recovered":
@@ -234,7 +234,7 @@ def test_recovery_time(session, bench_file, running_job, fault_kind, measure, ti
         # agent's read of one line by several ms now and then; a slow agent delays every line),
         # beyond the machine's own wake-up (a bare reader's lateness, measured once a run).
         # A sample with pairs missing (a rank that never printed them) decides nothing: no pass.
-        error = stamp_error(session, session.world, restart, bench_file.waits.recovery_s, fault_ns)
+        error = stamp_error(session, session.world, restart, bench_file.waits.recovery_s, interval)
         decision = error.decision
         measure(Spec("recovery_measurement_error", "s", software=True, description="how late the agents stamp the "
                      "restarted job's steps (the first steps of every rank) after the world's instants, beyond how "
