@@ -80,11 +80,12 @@ PROOFS = [
      "carries_light or test_link or (test_recovery_time and gpu_failure)", 0.2, None,
      {"test:test_recovery_time[gpu_failure]"}),
     ("flapping_nic=3", ["test_link_bringup.py"], None, 0.2, None, {"carrier_drops_after_up"}),
-    # Two recoveries, each its own decision, as a night judges five: one recovery's twelve stamps
+    # Three recoveries, each its own decision, as a night judges five: one recovery's twelve stamps
     # were too spread to decide (+21 ms, undecided) once in 9 tellings beside a busy core, and 5
-    # times in 48 beside the namespaced suites with other tests.
-    ("slow_agent=0.02", ["test_recovery_time.py"], "test_recovery_time and (gpu_failure or process_kill)", 0.2, None,
-     {"recovery_measurement_error"}),
+    # times in 48 beside the namespaced suites with other tests; with two, both were undecided in 1
+    # and 2 of 20 proofs beside a busy core (perf/flakes.py).
+    ("slow_agent=0.02", ["test_recovery_time.py"], "test_recovery_time and (gpu_failure or process_kill or fibre_cut)",
+     0.2, None, {"recovery_measurement_error"}),
     ("slow_controller=3000", ["test_recovery_time.py"], "test_recovery_time and gpu_failure", 0.1, None,
      {"recovery_to_restart", "recovery_to_restart_lumion", "recovery_to_first_step", "controller_overhead_total"}),
     # 300 ms slower than the reference, against the 250 ms software budget, at every time scale.
