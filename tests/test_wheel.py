@@ -41,15 +41,17 @@ def installed(tmp_path_factory):
     made = _run([sys.executable, "-m", "venv", str(venv)], timeout=120)
     assert made.returncode == 0, made.stderr
     python = str(venv / "bin" / "python")
-    pip = _run([python, "-m", "pip", "install", "-q", str(wheel), "pymeasure"], timeout=900)
+    # --no-compile: pip byte-compiles every module it installs (pandas, numpy, matplotlib: about 15 s
+    # of processor); Python compiles what the tests import, as it imports it.
+    pip = _run([python, "-m", "pip", "install", "-q", "--no-compile", str(wheel), "pymeasure"], timeout=900)
     assert pip.returncode == 0, pip.stdout + pip.stderr
     # InstrumentKit's only release on the index (0.6.0) pins what Python 3.11 cannot take: enum34
     # (it would shadow the standard library's enum) and ruamel.yaml 0.15 (does not build). Labs
     # install it as below; what matters here is its `instruments` package beside ours.
-    kit = _run([python, "-m", "pip", "install", "-q", "--no-deps", "instrumentkit"], timeout=300)
+    kit = _run([python, "-m", "pip", "install", "-q", "--no-compile", "--no-deps", "instrumentkit"], timeout=300)
     assert kit.returncode == 0, kit.stdout + kit.stderr
-    deps = _run([python, "-m", "pip", "install", "-q", "quantities", "future", "python-vxi11", "python-usbtmc",
-                 "pyusb", "ruamel.yaml"], timeout=600)
+    deps = _run([python, "-m", "pip", "install", "-q", "--no-compile", "quantities", "future", "python-vxi11",
+                 "python-usbtmc", "pyusb", "ruamel.yaml"], timeout=600)
     assert deps.returncode == 0, deps.stdout + deps.stderr
     outside = base / "lab"
     outside.mkdir()
