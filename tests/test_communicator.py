@@ -192,7 +192,7 @@ def test_emulated_ranks_stall_while_a_link_is_down_and_fail_after_the_nccl_timeo
         session.switch.connect([circuit])
 
 
-@pytest.mark.scaled  # a fiftieth of real time: on the whole machine
+@pytest.mark.scaled  # a fiftieth of real time: never beside another worker on a core
 def test_a_rank_stopped_past_the_scaled_timeout_is_waited_for_and_one_stopped_longer_is_not():
     """At a fiftieth of real time NCCL's 30 s are 0.6 s, less than a starved core can delay a
     process (609 ms once, in a clean-clone CI run with the tests held to one core). A rank

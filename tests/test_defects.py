@@ -226,11 +226,11 @@ def _alone(proof) -> list:
     """A proof that runs the recovery suite, or at real time, judges timing against ground truth
     (recovery_measurement_error, controller_overhead_total among the verdicts that must stay
     green): scripts/tests runs it alone. The others may share the machine with another test; those
-    that tell stories at a fiftieth of real time on the whole machine (marked scaled)."""
+    that tell stories at a fiftieth of real time on one worker of their own (marked scaled)."""
     _, suites, _, scale, *_ = proof
     if "test_recovery_time.py" in suites or scale >= 1.0:
         return [pytest.mark.alone]
-    return [pytest.mark.scaled] if scale < 0.1 else []  # stories at a fiftieth of real time: never held
+    return [pytest.mark.scaled] if scale < 0.1 else []  # stories at a fiftieth of real time: a core to themselves
 
 
 @pytest.mark.parametrize("defect,suites,k,scale,bench_factory,red",

@@ -19,7 +19,7 @@ from conftest import BENCHES, ROOT, serve_bench
 from lumion_hil.harness.exploration import profile
 from lumion_hil.harness.stories import Step, Story
 
-# Stories told at a fiftieth of real time: never held to a shared core (scripts/tests).
+# Stories told at a fiftieth of real time: on a core of their own, one worker (scripts/tests).
 pytestmark = pytest.mark.scaled
 
 SUITE = ROOT / "test_suites" / "test_failure_sequences.py"

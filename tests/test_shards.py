@@ -16,7 +16,7 @@ from lumion_hil.harness.exploration import shards_of_part
 
 from conftest import BENCHES
 
-# Stories told at a fiftieth of real time: never held to a shared core (scripts/tests).
+# Stories told at a fiftieth of real time: on a core of their own, one worker (scripts/tests).
 pytestmark = pytest.mark.scaled
 
 SEED = "20261202"
