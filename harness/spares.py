@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from lumion_hil.instruments.protocols import InstrumentError
+from lumion_hil.instruments.protocols import AgentGone, InstrumentError
 
 if TYPE_CHECKING:
     from lumion_hil.harness.config_topology import Host
@@ -22,8 +22,10 @@ def host_lost(session, host: str) -> bool:
     NVML is not known to be lost (it may still be a spare)."""
     try:
         return any(gpu.lost for gpu in session.hosts[host].health())
-    except InstrumentError as exc:
-        return "the agent is not running" in str(exc)
+    except AgentGone:
+        return True
+    except InstrumentError:
+        return False
 
 
 class SparePool:

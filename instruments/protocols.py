@@ -33,6 +33,11 @@ class InstrumentIOError(InstrumentError):
     one): unlike a refusal, the instrument may or may not have done what was asked."""
 
 
+class AgentGone(InstrumentIOError):
+    """A GPU host's agent is not running: its process (or its ssh session) ended, and, for a call
+    that may start it again, starting it again failed. What a controller reads as a lost host."""
+
+
 class NotSupported(InstrumentError):
     """The instrument model cannot do this (a switch without power monitors, say)."""
 

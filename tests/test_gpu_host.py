@@ -8,12 +8,14 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import pynvml
 import pytest
 
 from lumion_hil.harness.config import load_bench
 from lumion_hil.harness.session import BenchSession
+from lumion_hil.harness.spares import host_lost
 from lumion_hil.instruments.emulators.bench import EmulatedBench
 from lumion_hil.instruments.emulators.nvml import FakeNvml
 from lumion_hil.instruments.emulators.world_client import WorldClient
@@ -21,7 +23,7 @@ from lumion_hil.instruments.gpu_host.client import AgentClient, local_agent_argv
 from lumion_hil.instruments.gpu_host.jobs import JobControl, JobError, fill_template
 from lumion_hil.instruments.gpu_host.links import SysfsLinks
 from lumion_hil.instruments.gpu_host.nvml_backend import NvmlGpus
-from lumion_hil.instruments.protocols import InstrumentError
+from lumion_hil.instruments.protocols import AgentGone, InstrumentError, InstrumentIOError
 from conftest import BENCHES
 
 
@@ -140,7 +142,7 @@ def test_agent_that_dies_is_a_clear_error_or_is_started_again_for_a_read(session
     agent = AgentClient("host3", session.backend.agent_argv("host3"))
     agent._proc.kill()
     agent._proc.wait()
-    with pytest.raises(InstrumentError, match="host3: 'job_stop': the agent is not running"):
+    with pytest.raises(AgentGone, match="host3: 'job_stop': the agent is not running"):
         agent.stop_job()  # it changes the host: never sent again blindly
     agent._proc.kill()
     agent._proc.wait()
@@ -148,9 +150,29 @@ def test_agent_that_dies_is_a_clear_error_or_is_started_again_for_a_read(session
     agent.argv = ["no-such-python", "-m", "lumion_hil.agent"]  # the host is gone for good
     agent._proc.kill()
     agent._proc.wait()
-    with pytest.raises(InstrumentError, match="host3: 'health': the agent is not running .*starting it again failed"):
+    with pytest.raises(AgentGone, match="host3: 'health': the agent is not running .*starting it again failed"):
         agent.health()
     agent.close()
+
+
+def test_a_host_is_lost_when_its_agent_is_gone_not_when_it_is_slow():
+    """What the controller reads as a lost host: a GPU that says so, or an agent whose process
+    ended (by its kind of error, not its words). An agent that did not answer in time, or said
+    no, may still be a spare."""
+
+    class Host:
+        def __init__(self, error):
+            self.error = error
+
+        def health(self):
+            raise self.error
+
+    def lost(error) -> bool:
+        return host_lost(types.SimpleNamespace(hosts={"host3": Host(error)}), "host3")
+
+    assert lost(AgentGone("host3", "health", "the agent is not running (exit 255): no output"))
+    assert not lost(InstrumentIOError("host3", "health", "no reply from the agent within 5 s"))
+    assert not lost(InstrumentError("host3", "health", "agent error NVMLError: the agent is not running"))
 
 
 def test_the_reader_of_an_ended_agent_wakes_only_the_calls_made_to_it(session):

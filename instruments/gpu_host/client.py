@@ -15,7 +15,7 @@ from lumion_hil.instruments import transcript
 from lumion_hil.instruments.gpu_host import wire
 from lumion_hil.instruments.gpu_host.replies import (EventWait, GpuDevice, GpuHealth, JobStarted, JobStatus, LinkState,
                                                      LinkWait, NcclRun, StepWait, TransmitterSet, XidEvent)
-from lumion_hil.instruments.protocols import (ClockMapping, GpuHost, InstrumentError, InstrumentIOError,
+from lumion_hil.instruments.protocols import (AgentGone, ClockMapping, GpuHost, InstrumentError, InstrumentIOError,
                                               TransmitterControl)
 
 # Calls that only read the host: after the agent's session is lost, the client starts it again and
@@ -40,7 +40,7 @@ def ssh_agent_argv(destination: str, python: str = "python3") -> list[str]:
 class _Gone(Exception):
     """The agent's process ended (its session was lost)."""
 
-    def __init__(self, error: InstrumentIOError):
+    def __init__(self, error: AgentGone):
         self.error = error
 
 
@@ -178,8 +178,8 @@ class AgentClient(GpuHost, TransmitterControl):
             try:
                 self._restart(method)
             except InstrumentError as exc:
-                raise InstrumentIOError(self.name, method, f"{gone.error.reason}; starting it again failed: "
-                                        f"{exc.reason}") from None
+                raise AgentGone(self.name, method, f"{gone.error.reason}; starting it again failed: "
+                                f"{exc.reason}") from None
             try:
                 return self._call_once(method, reply_within_s, params)
             except _Gone as again:
@@ -244,13 +244,13 @@ class AgentClient(GpuHost, TransmitterControl):
         """Call an agent method; ``reply_within_s`` bounds the wait for its reply."""
         return self.call_timed(method, reply_within_s, **params)[0]
 
-    def _gone(self, method: str) -> InstrumentIOError:
+    def _gone(self, method: str) -> AgentGone:
         try:
             code = self._proc.wait(timeout=1)
         except subprocess.TimeoutExpired:
             code = None
         tail = " | ".join(list(self._stderr)[-5:]) or "no output"
-        return InstrumentIOError(self.name, method, f"the agent is not running (exit {code}): {tail}")
+        return AgentGone(self.name, method, f"the agent is not running (exit {code}): {tail}")
 
     # -- clock ----------------------------------------------------------------------------------
 
