@@ -108,6 +108,7 @@ class WorldCore:
         # (light version, from, until, fabric): the optical fabric while nothing can change it
         self._fabric_cache: tuple | None = None
         self._counters: dict[tuple[str, str], tuple] = {}  # (host, nic) -> (version, from, until, counters)
+        self._counted: dict[tuple[str, str], tuple] = {}  # (host, nic) -> (its history, entries counted, ups, downs)
         self._costs: dict[tuple, tuple] = {}  # the last collectives' costs, by fabric and what was asked
         self._next_change: tuple | None = None  # (light version, from, until, the next change the world makes)
 

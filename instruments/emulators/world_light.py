@@ -84,17 +84,23 @@ class LightMixin(WorldCore):
             return None if math.isinf(power) else power
 
     def _lit_into(self, egress: int, t: int) -> Circuit | None:
-        """The circuit lighting an egress port at t (the newest first: history is long)."""
+        """The circuit lighting an egress port at t. The newest first, and no further back than
+        the newest made by t: an egress carries one circuit at a time, so every earlier one was
+        removed before that one was made (a port dark now is not looked at through its whole
+        history, which grows with every story a run tells)."""
         for c in reversed(self._by_egress.get(egress, ())):
             if c.lit_at(t):
                 return c
+            if c.commanded_ns <= t:
+                return None
         return None
 
     def _crosstalk_dbm(self, egress: int, t: int) -> float | None:
         """A dark egress port's leak from every lit path, ``crosstalk_db`` down (a defect)."""
         if self.crosstalk_db is None:
             return None
-        leaking = [self._ingress_power(c.ingress, t) for c in self.circuits if c.lit_at(t)]
+        pool = self._current.values() if t >= self._last_change_ns else self.circuits  # as live_circuits
+        leaking = [self._ingress_power(c.ingress, t) for c in pool if c.lit_at(t)]
         total_mw = sum(10 ** (p / 10) for p in leaking if p is not None)
         if total_mw <= 0:
             return None

@@ -94,16 +94,22 @@ class LinkMixin(LightMixin):
             return current[0], current[1]
 
     def link_transitions(self, host: str, nic: str, t_ns: int | None = None) -> list[tuple[int, str]]:
-        """Every (instant, state) the link went through, up to t. What was worked out for an
-        earlier t is kept and only the time since is examined (history is made at the present,
-        never inserted into the past)."""
+        """Every (instant, state) the link went through, up to t."""
+        with self.lock:
+            return list(self._history(host, nic, t_ns))
+
+    def _history(self, host: str, nic: str, t_ns: int | None = None) -> list[tuple[int, str]]:
+        """:meth:`link_transitions`, the world's own list (callers copy what they hand out).
+        What was worked out for an earlier t is kept and only the time since is examined, the
+        list extended in place (history is made at the present, never inserted into the past)."""
         t = self.now_ns() if t_ns is None else t_ns
         spec, emu = self._nic(host, nic)
         with self.lock:
             upto, out = self._transitions.get((host, nic), (-1, []))
             if t < upto:
                 upto, out = -1, []  # asked about the past: work it out afresh
-            out = list(out)
+            elif t > self.now_ns():
+                out = list(out)  # asked about the future: worked out, not kept
             lock_ns, up_ns, hold_ns, flaps = self._bringup(emu)
             reach = (flaps + 1) * (lock_ns + up_ns + hold_ns)  # how far after a light change it still acts
             candidates = set(self._instants(spec.rx_port, t, after=None if upto < 0 else upto - reach))
@@ -115,7 +121,7 @@ class LinkMixin(LightMixin):
                     out.append((since, state))
             if t <= self.now_ns():
                 self._transitions[(host, nic)] = (t, out)
-            return list(out)
+            return out
 
     def carrier_counters(self, host: str, nic: str, t_ns: int | None = None) -> dict[str, int]:
         spec, _ = self._nic(host, nic)
@@ -127,9 +133,19 @@ class LinkMixin(LightMixin):
             cached = self._counters.get((host, nic))
             if t_ns is None and cached is not None and cached[0] == version and cached[1] <= t < cached[2]:
                 return dict(cached[3])
-            states = [s for _, s in self.link_transitions(host, nic, t)]
-            ups = sum(1 for a, b in zip(["dark"] + states, states) if b == "up" and a != "up")
-            downs = sum(1 for a, b in zip(states, states[1:]) if a == "up" and b != "up")
+            history = self._history(host, nic, t)
+            # Counted on from where the last count of this same list ended (a link's history
+            # grows with every story a run tells: counting it whole at every look cost more
+            # with every story).
+            counted, n, ups, downs = self._counted.get((host, nic), (None, 0, 0, 0))
+            if counted is not history or n > len(history):
+                n, ups, downs = 0, 0, 0
+            for i in range(n, len(history)):
+                before = history[i - 1][1] if i else "dark"
+                state = history[i][1]
+                ups += state == "up" and before != "up"
+                downs += before == "up" and state != "up"
+            self._counted[(host, nic)] = (history, len(history), ups, downs)
             counters = {"carrier_up_count": ups, "carrier_down_count": downs, "carrier_changes": ups + downs}
             if t_ns is None:
                 upcoming = self.next_link_change_ns(host, nic, t)
@@ -142,7 +158,12 @@ class LinkMixin(LightMixin):
         t = self.now_ns() if t_ns is None else t_ns
         spec, emu = self._nic(host, nic)
         with self.lock:
-            candidates = [c.lit_ns for c in self._by_egress.get(spec.rx_port, ()) if c.lit_ns > t]
+            candidates = []
+            for c in reversed(self._by_egress.get(spec.rx_port, ())):
+                if c.lit_ns > t:
+                    candidates.append(c.lit_ns)
+                if c.commanded_ns <= t:
+                    break  # every earlier circuit on this port was removed before this one was made
             receiving, since = self._receiving_since(spec.rx_port, t)
             if receiving:
                 candidates += [x for x, _ in self._schedule(since, emu) if x > t][:1]
