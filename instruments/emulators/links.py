@@ -52,17 +52,22 @@ class WorldLinks(SysfsLinks):
         return {"interface": interface, "on": bool(on), "t_ns": self.clock_ns()}
 
     def wait(self, interface: str, up: bool, timeout_s: float) -> dict:
+        """Until the link is up (or down), as netlink would wake a real host's agent: one
+        question to the world a wait (its ``wait_link``), and with a late kernel (``latency_s``)
+        a look again once the late news arrives."""
         deadline = time.monotonic() + timeout_s
+        nic = self._nic(interface)
         first = True
         while True:
-            state = self.state(interface)
-            if self.is_up(state) == up:
-                return {**state, "timed_out": False, "method": "netlink", "already": first}
-            first = False
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return {**state, "timed_out": True, "method": "netlink"}
-            changed = self.world.call("wait_link_event", host=self.host, nic=self._nic(interface),
-                                      carrier=state["carrier"], timeout_s=remaining)
-            if changed and self.latency_s:
+            seen = self.world.call("wait_link", host=self.host, nic=nic, up=bool(up),
+                                   timeout_s=max(0.0, deadline - time.monotonic()))
+            if self.latency_s and not seen["already"] and not seen["timed_out"]:
                 time.sleep(self.latency_s)  # the notification comes late
+                state = self.state(interface)
+            else:
+                state = self._shown(interface, seen["link"])
+            if self.is_up(state) == up:
+                return {**state, "timed_out": False, "method": "netlink", "already": first and seen["already"]}
+            first = False
+            if seen["timed_out"] or time.monotonic() >= deadline:
+                return {**state, "timed_out": True, "method": "netlink"}

@@ -88,10 +88,10 @@ class WorldService:
         world = self.world
         with world.lock:
             while True:
-                new = [(i, e) for i, e in enumerate(world.gpu_events) if i >= after and e.detail["host"] == host]
-                if new:
-                    i, event = new[0]
-                    return {"seq": i, "t_ns": event.t_ns, **event.detail}
+                events = world.gpu_events
+                i = next((i for i in range(max(0, after), len(events)) if events[i].detail["host"] == host), None)
+                if i is not None:
+                    return {"seq": i, "t_ns": events[i].t_ns, **events[i].detail}
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return {"seq": None}
@@ -135,23 +135,26 @@ class WorldService:
         with self.world.lock:
             return [self.rpc_link(host, nic) for nic in nics]
 
-    def rpc_wait_link_event(self, host: str, nic: str, carrier: int, timeout_s: float) -> bool:
-        """What netlink's RTNLGRP_LINK gives a real host: a wake-up when the link's carrier is no
-        longer ``carrier``, as it changes (the world knows when its next change is due). True if
-        it changed, False at the timeout."""
+    def rpc_wait_link(self, host: str, nic: str, up: bool, timeout_s: float) -> dict:
+        """What netlink's RTNLGRP_LINK gives a real host, with the look at sysfs it wakes: the
+        link as ``link`` shows it once its carrier is ``up`` (at once if it already is), or at
+        the timeout; ``already``: it was so when asked. One question for a wait, where a look, a
+        wake-up and a look again were three (each a round trip through the harness's process)."""
         deadline = time.monotonic() + timeout_s
         world = self.world
+        first = True
         with world.lock:
             while True:
                 # One instant for the state and the next change after it: asked apart, a change
                 # falling between the two would be missed and the wait would last to its timeout.
                 t = world.now_ns()
                 state, _ = world.link_state(host, nic, t)
-                if (1 if state == "up" else 0) != carrier:
-                    return True
+                if (state == "up") == bool(up):
+                    return {"link": self.rpc_link(host, nic), "already": first, "timed_out": False}
+                first = False
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return False
+                    return {"link": self.rpc_link(host, nic), "already": False, "timed_out": True}
                 nxt = world.next_link_change_ns(host, nic, t)
                 if nxt is not None:
                     remaining = min(remaining, max(0.0, (nxt - world.now_ns()) / 1e9) + 5e-5)
