@@ -52,9 +52,11 @@ class WorldCore:
         self.time_scale = bench.emulator.time_scale
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)  # anything recorded: light, GPUs, the jobs' events
-        # Light, ports, switch and GPUs only: what a host's links and NVML wait on. The jobs'
-        # bookkeeping (a step told, many a second) does not wake them.
-        self.physics_changed = threading.Condition(self.lock)
+        # What a host's links and NVML wait on, each woken by its own news only: the light at
+        # one receiving port (by port), one host's GPU events (by host). Woken all at every
+        # change, a dozen waits on other hosts' links woke for each one and went back to sleep.
+        self._light_waits: dict[int, threading.Condition] = {}
+        self._gpu_waits: dict[str, threading.Condition] = {}
         switch = bench.switch
         self.ingress_ports = switch.ingress_ports
         self.egress_ports = switch.egress_ports
@@ -123,17 +125,27 @@ class WorldCore:
         worked something out at one version knows whether it may still hold."""
         return self._light_version
 
-    def _notify(self, physics: bool = True) -> None:
-        """Wake every wait for a change (under the lock); with ``physics``, the hosts' waits too."""
+    def _notify(self) -> None:
+        """Wake every wait for a change (under the lock)."""
         self._changed_ns = self.now_ns()
         self.changed.notify_all()
-        if physics:
-            self.physics_changed.notify_all()
 
     def record(self, t_ns: int, kind: str, subject: str, **detail) -> None:
         with self.lock:
             self.events.append(WorldEvent(t_ns, kind, subject, detail))
-            self._notify(physics=not kind.startswith("job."))
+            self._notify()
+
+    def light_wait(self, rx_port: int) -> threading.Condition:
+        """What a wait on the light at a receiving port (a link's state) waits on, under the
+        world's lock: woken by every change to that light. Changes the world makes on its own
+        (a beam settling, a link locking) are planned: a wait is timed to the next one."""
+        with self.lock:
+            return self._light_waits.setdefault(rx_port, threading.Condition(self.lock))
+
+    def gpu_wait(self, host: str) -> threading.Condition:
+        """What a wait for a host's next GPU event waits on, under the world's lock."""
+        with self.lock:
+            return self._gpu_waits.setdefault(host, threading.Condition(self.lock))
 
     def events_of(self, kind: str, subject: str | None = None) -> list[WorldEvent]:
         with self.lock:
@@ -147,8 +159,12 @@ class WorldCore:
     def _touch(self, port: int) -> None:
         """The light at ``port`` changed (or, at an ingress, at every egress it has fed)."""
         self._light_version += 1
-        for egress in {port} | {c.egress for c in self._by_ingress.get(port, ())}:
+        touched = {port} | {c.egress for c in self._by_ingress.get(port, ())}
+        for egress in touched:
             self._port_versions[egress] = self._port_versions.get(egress, 0) + 1
+        # With crosstalk a dark port sees every lit path (as _version_of): every wait is news.
+        for egress in (self._light_waits if self.crosstalk_db is not None else touched & self._light_waits.keys()):
+            self._light_waits[egress].notify_all()
 
     def _version_of(self, rx_port: int) -> int:
         # With crosstalk a dark port sees every lit path: any change anywhere matters.

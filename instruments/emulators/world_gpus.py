@@ -25,6 +25,9 @@ class GpuMixin(WorldCore):
             self.events.append(event)
             self.gpu_events.append(event)
             self._notify()
+            waiting = self._gpu_waits.get(host)
+            if waiting is not None:
+                waiting.notify_all()
             return event
 
     def repair_gpu(self, host: str, index: int = 0) -> None:

@@ -86,6 +86,7 @@ class WorldService:
     def rpc_wait_gpu_event(self, host: str, after: int, timeout_s: float) -> dict:
         deadline = time.monotonic() + timeout_s
         world = self.world
+        news = world.gpu_wait(host)
         with world.lock:
             while True:
                 events = world.gpu_events
@@ -95,7 +96,7 @@ class WorldService:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return {"seq": None}
-                world.physics_changed.wait(remaining)
+                news.wait(remaining)
 
     def rpc_link(self, host: str, nic: str) -> dict:
         """What the host's kernel shows in /sys/class/net/<if>/: carrier, operstate and the
@@ -142,6 +143,7 @@ class WorldService:
         wake-up and a look again were three (each a round trip through the harness's process)."""
         deadline = time.monotonic() + timeout_s
         world = self.world
+        news = world.light_wait(world._nic(host, nic)[0].rx_port)
         first = True
         with world.lock:
             while True:
@@ -158,7 +160,7 @@ class WorldService:
                 nxt = world.next_link_change_ns(host, nic, t)
                 if nxt is not None:
                     remaining = min(remaining, max(0.0, (nxt - world.now_ns()) / 1e9) + 5e-5)
-                world.physics_changed.wait(remaining)
+                news.wait(remaining)
 
     def rpc_job_event(self, host: str, rank: int, what: str, step: int | None = None, t_ns: int | None = None) -> int:
         """The emulated job says what it just did ("ready", "step") and when (the same clock);
