@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 
+# A reply type's field names, read once (dataclasses.fields costs more than making the reply).
+_FIELD_NAMES: dict[type, frozenset[str]] = {}
+
+
 class Reply:
     """What every reply here can do: be made from the agent's JSON object (keys it does not
     know, from an agent newer than the harness, are left out rather than refused) and be given
@@ -26,7 +30,9 @@ class Reply:
 
     @classmethod
     def from_json(cls, reply: dict[str, Any]) -> Self:
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = _FIELD_NAMES.get(cls)
+        if known is None:
+            known = _FIELD_NAMES[cls] = frozenset(f.name for f in dataclasses.fields(cls))
         return cls(**{k: v for k, v in reply.items() if k in known})
 
     def as_dict(self) -> dict[str, Any]:
