@@ -4,7 +4,6 @@ request at a time; a client that waits (for an XID, a link) uses its own connect
 
 from __future__ import annotations
 
-import socket
 import socketserver
 import threading
 import time
