@@ -154,6 +154,11 @@ class WorldCore:
                 key=lambda e: e.t_ns,
             )
 
+    def _circuits_at(self, t: int):
+        """The circuits that may be in place at t (under the lock): those not yet removed, where t
+        is at or after the last circuit made or removed; else every circuit ever made."""
+        return self._current.values() if t >= self._last_change_ns else self.circuits
+
     # -- versions of the light: what an answer worked out from it was worked out at ------------
 
     def _touch(self, port: int) -> None:

@@ -99,8 +99,7 @@ class LightMixin(WorldCore):
         """A dark egress port's leak from every lit path, ``crosstalk_db`` down (a defect)."""
         if self.crosstalk_db is None:
             return None
-        pool = self._current.values() if t >= self._last_change_ns else self.circuits  # as live_circuits
-        leaking = [self._ingress_power(c.ingress, t) for c in pool if c.lit_at(t)]
+        leaking = [self._ingress_power(c.ingress, t) for c in self._circuits_at(t) if c.lit_at(t)]
         total_mw = sum(10 ** (p / 10) for p in leaking if p is not None)
         if total_mw <= 0:
             return None

@@ -17,8 +17,7 @@ class SwitchMixin(WorldCore):
     def live_circuits(self, t_ns: int | None = None) -> list[Circuit]:
         t = self.now_ns() if t_ns is None else t_ns
         with self.lock:
-            pool = self._current.values() if t >= self._last_change_ns else self.circuits
-            return sorted((c for c in pool if c.live_at(t)), key=lambda c: c.ingress)
+            return sorted((c for c in self._circuits_at(t) if c.live_at(t)), key=lambda c: c.ingress)
 
     def connections(self, t_ns: int | None = None) -> dict[int, int]:
         return {c.ingress: c.egress for c in self.live_circuits(t_ns)}
