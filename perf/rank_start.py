@@ -3,16 +3,22 @@
 alternating: wall time from the agent's request to the rank's exit, median and p90, and CPU time
 per start (the ranks' own, read from the kernel's accounting of their parent). The rank is the
 emulated training job asked for its usage (``--help``: it parses its arguments, prints and exits),
-so what differs is the start alone."""
+so what differs is the start alone.
+
+Then the job restarted whole on the exploration bench (``--restarts``), as a failure story
+restarts it: every rank stopped, started again from its agent's fork server, and waited for
+until rank 0 has stepped: the ranks' CPU a start (their own, as their fork servers reaped them)
+and the machine's CPU a restart (every process: the harness and its world, the agents, the fork
+servers and the ranks, from /proc/stat; other work on the machine counts too)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
+from pathlib import Path
 
 from lumion_hil.instruments.emulators.agent import EMULATED_JOBS
 from lumion_hil.instruments.emulators.forkserver import ForkServer
@@ -27,6 +33,55 @@ def children_cpu_s(pid: int) -> float:
     return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_busy_s() -> float:
+    """CPU the whole machine has spent (user, nice, system, irq, softirq), /proc/stat."""
+    fields = [int(x) for x in open("/proc/stat").readline().split()[1:8]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def servers_children_cpu_s(session) -> float:
+    """CPU of the ranks the bench's agents' fork servers have reaped, every host together."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if b"emulators.forkserver" in open(f"/proc/{entry}/cmdline", "rb").read():
+                    total += children_cpu_s(int(entry))
+            except OSError:  # gone meanwhile
+                pass
+    return total
+
+
+def restarts(count: int) -> None:
+    """The job restarted ``count`` times on the exploration bench, as a failure story restarts it."""
+    from lumion_hil.harness.config import load_bench
+    from lumion_hil.harness.session import BenchSession
+
+    bench = load_bench(Path(__file__).resolve().parents[1] / "benches" / "exploration.yaml")
+    ranks = list(bench.job.ranks)
+    with BenchSession.open(bench) as session:
+        lead = session.hosts[ranks[0]]
+        session.start_job(ranks)
+        if not lead.wait_step(1, 30).reached:
+            raise SystemExit(f"the job did not start on {ranks}")
+        ranks_before, machine_before, started = servers_children_cpu_s(session), machine_busy_s(), time.perf_counter()
+        for _ in range(count):
+            session.stop_job()
+            session.start_job(ranks)
+            if not lead.wait_step(1, 30).reached:
+                raise SystemExit(f"the job did not step again on {ranks}")
+        wall = time.perf_counter() - started
+        machine = machine_busy_s() - machine_before
+        session.stop_job()
+        # each rank's end reaped by its server: the ranks of the last restart, once they are gone
+        ranks_cpu = servers_children_cpu_s(session) - ranks_before
+    starts = count * len(ranks)
+    print(f"The job restarted on the exploration bench ({count} times, {len(ranks)} ranks; load average "
+          f"{os.getloadavg()[0]:.2f}): {wall / count * 1e3:.1f} ms a restart to rank 0's first step")
+    print(f"  ranks' own CPU {ranks_cpu / starts * 1e3:6.2f} ms a start; the machine's CPU "
+          f"{machine / count * 1e3:6.1f} ms a restart (harness, world, agents, fork servers, ranks)")
+
+
 def start(popen) -> float:
     started = time.perf_counter()
     proc = popen([sys.executable, "-m", JOB, "--help"], dict(os.environ))
@@ -39,19 +94,24 @@ def start(popen) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--starts", type=int, default=100, help="starts of each kind")
+    parser.add_argument("--restarts", type=int, default=100, help="restarts of the job on the exploration bench (0: none)")
     args = parser.parse_args()
     forks = ForkServer(EMULATED_JOBS).start(preload=(JOB,))
     if not forks.ready(30):
         raise SystemExit("the fork server did not start")
     walls: dict[str, list[float]] = {"forked": [], "fresh": []}
     cpu = {"forked": 0.0, "fresh": 0.0}
+    forked_before = children_cpu_s(forks._proc.pid)
     for _ in range(args.starts):
-        before = children_cpu_s(forks._proc.pid)
         walls["forked"].append(start(forks.popen))
-        cpu["forked"] += children_cpu_s(forks._proc.pid) - before
         before = sum(os.times()[2:4])
         walls["fresh"].append(start(_popen))
         cpu["fresh"] += sum(os.times()[2:4]) - before
+    # A forked rank is reaped by its server once the agent's side has its status, after the rank's
+    # end is seen here: the server answers requests in order, so once it has forked one more
+    # (not counted) it has reaped every rank before it.
+    start(forks.popen)
+    cpu["forked"] = children_cpu_s(forks._proc.pid) - forked_before
     forks.close()
     print(f"A rank's start to its exit ({args.starts} of each, alternating; load average {os.getloadavg()[0]:.2f}):")
     for kind, values in walls.items():
@@ -59,7 +119,9 @@ def main() -> None:
         print(f"  {kind:7s} median {statistics.median(values) * 1e3:7.2f} ms, p90 "
               f"{ordered[int(0.9 * (len(ordered) - 1))] * 1e3:7.2f} ms, CPU {cpu[kind] / args.starts * 1e3:6.2f} ms a start")
     print(f"  fresh / forked: {statistics.median(walls['fresh']) / statistics.median(walls['forked']):.1f}x the wall "
-          f"time, {cpu['fresh'] / max(cpu['forked'], 1e-9):.1f}x the CPU")
+          f"time, {cpu['fresh'] / cpu['forked']:.1f}x the CPU" if cpu["forked"] else "time")
+    if args.restarts:
+        restarts(args.restarts)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ has imported, and what the server does not fork is started as before."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -26,6 +27,11 @@ PROGRAM = textwrap.dedent("""\
         mode = sys.argv[1] if len(sys.argv) > 1 else "exit"
         if mode == "raise":
             raise RuntimeError("the job broke")
+        if mode == "resolve":  # what resolving an address imports on first use, in this process
+            before = set(sys.modules)
+            import socket
+            socket.getaddrinfo("127.0.0.1", 80)
+            print(json.dumps(sorted(set(sys.modules) - before)), flush=True)
         if mode == "wait":
             time.sleep(60)
         if mode == "steps":
@@ -64,8 +70,6 @@ def _run(proc) -> tuple[list[str], int]:
 
 
 def test_a_forked_rank_is_the_process_it_stands_for(server, modules, tmp_path):
-    import json
-
     proc = server.popen(_argv("7", "--flag"), {**os.environ, "FS_TEST": "given"}, cwd=str(tmp_path))
     assert isinstance(proc, ForkedProcess), "a module the server has: forked"
     lines, status = _run(proc)
@@ -94,6 +98,15 @@ def test_ranks_are_forked_from_what_the_server_imported_once(server, modules):
     assert modules.read_text().splitlines() == ["imported"], "imported by the server alone, not by each rank"
     fresh = subprocess.run(_argv(), capture_output=True, env=dict(os.environ))
     assert fresh.returncode == 0 and modules.read_text().splitlines() == ["imported"] * 2
+
+
+def test_a_forked_rank_resolves_an_address_without_importing_anything(server):
+    """getaddrinfo imports the IDNA codec the first time a process calls it (about 2 ms of CPU):
+    a fork server that has not imported it pays that in every rank that connects anywhere."""
+    lines, status = _run(server.popen(_argv("resolve"), dict(os.environ)))
+    assert status == 0 and json.loads(lines[-1]) == [], lines
+    fresh = subprocess.run(_argv("resolve"), capture_output=True, text=True, env=dict(os.environ))
+    assert "encodings.idna" in json.loads(fresh.stdout.splitlines()[-1]), "a fresh interpreter imports it: the test shows something"
 
 
 def test_the_first_rank_starts_fresh_and_starts_the_server_for_the_next(modules):

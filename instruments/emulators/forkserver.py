@@ -308,6 +308,10 @@ def serve(fd: int, preload: Sequence[str] = ()) -> None:
     if not hasattr(os, "pidfd_open"):
         return  # (Linux 5.3 and Python 3.9 on): the agent starts its ranks as fresh processes
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the agent's to act on, not ours
+    # What a rank imports on first use, once here rather than in every fork: a rank connecting to
+    # anything resolves its address, and getaddrinfo imports the IDNA codec (with stringprep and
+    # unicodedata) the first time a process calls it: about 2 ms of CPU in each forked rank.
+    importlib.import_module("encodings.idna")
     for module in preload:  # what this host's ranks will run, imported before they are asked for
         try:
             importlib.import_module(module)
