@@ -171,8 +171,9 @@ def print_split(name: str, run: dict) -> None:
     timed = sum(p["wall_s"] for p in ops)
     total = sum(p["wall_s"] for p in shards)
     print(f"    the shards' tests took {total:.1f} s in all ({sum(p['cpu_s'] for p in shards):.1f} s of their "
-          f"processes' CPU); the operations above {timed:.1f} s of it, the rest ({total - timed:.1f} s) is the "
-          "explorer's own bookkeeping and Hypothesis drawing the steps")
+          f"processes' CPU); the operations above {timed:.1f} s of it, the rest ({total - timed:.1f} s) is what "
+          "they leave out (a fade's step short of a recovery, a fault's making), Hypothesis drawing the steps, "
+          "the explorer's bookkeeping, and this split's own accounting after each operation")
     if errors:
         print(f"    ({len(errors)} operation(s) could not be split: {errors[0]['error']})")
     wakes = [p for p in run["parts"] if p.get("kind") == "wake" and p.get("n")]

@@ -68,14 +68,17 @@ class _Split:
             comm = 0.0
         return world.scaled_ns(job.compute_time_s + comm)
 
-    def physics(self, kind: str, t0: int, t1: int, first: int) -> tuple[list, list]:
-        """(physics spans, process start-up spans) on [t0, t1] from the world's record."""
+    def physics(self, kind: str, t0: int, t1: int, first: int, first_circuit: int) -> tuple[list, list]:
+        """(physics spans, process start-up spans) on [t0, t1] from the world's record: its events
+        from ``first`` on and its circuits from ``first_circuit`` on (the world keeps every circuit
+        it made in the order it made them: what is older than the span is never read, so that this
+        accounting, outside the operations it times, does not grow with the run)."""
         world = self.explorer.session.world
         spans, startup = [], []
         if world is None:
             return spans, startup
         with world.lock:
-            circuits = [c for c in world.circuits if t0 <= c.commanded_ns <= t1]
+            circuits = [c for c in world.circuits[first_circuit:] if t0 <= c.commanded_ns <= t1]
             events = [e for e in world.events[first:] if t0 <= e.t_ns <= t1 and e.kind.startswith("job.")]
         for c in circuits:
             spans.append((c.commanded_ns, c.lit_ns))
@@ -121,18 +124,19 @@ class _Split:
     def timed(self, kind: str, call):
         world = self.explorer.session.world
         first = max(0, len(world.events) - 64) if world is not None else 0
+        first_circuit = len(world.circuits) if world is not None else 0
         t0, cpu0 = time.perf_counter_ns(), time.process_time()
         try:
             return call()
         finally:
             t1, cpu1 = time.perf_counter_ns(), time.process_time()
             try:
-                self.record(kind, t0, t1, cpu1 - cpu0, first)
+                self.record(kind, t0, t1, cpu1 - cpu0, first, first_circuit)
             except Exception as exc:  # the measurement never breaks the run
                 self.write({"kind": kind, "error": f"{type(exc).__name__}: {exc}"})
 
-    def record(self, kind: str, t0: int, t1: int, cpu_s: float, first: int) -> None:
-        spans, startup = self.physics(kind, t0, t1, first)
+    def record(self, kind: str, t0: int, t1: int, cpu_s: float, first: int, first_circuit: int) -> None:
+        spans, startup = self.physics(kind, t0, t1, first, first_circuit)
         wall = (t1 - t0) / 1e9
         physics = _union_ns(spans, t0, t1) / 1e9
         both = _union_ns(spans + startup, t0, t1) / 1e9
