@@ -88,8 +88,13 @@ def test_a_forked_rank_fails_and_dies_as_a_fresh_one_does(server):
     proc.stdout.readline()
     os.killpg(proc.pid, signal.SIGTERM)  # as the agent stops a job
     assert proc.wait(10) == -signal.SIGTERM
-    with pytest.raises(subprocess.TimeoutExpired):
-        server.popen(_argv("wait"), dict(os.environ)).wait(0.2)
+    waiting = server.popen(_argv("wait"), dict(os.environ))
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(0.2)
+    finally:  # not left sleeping its minute after the test (the server does not end its ranks)
+        os.killpg(waiting.pid, signal.SIGKILL)
+        waiting.wait(10)
 
 
 def test_ranks_are_forked_from_what_the_server_imported_once(server, modules):
