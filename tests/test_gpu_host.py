@@ -264,6 +264,26 @@ def test_job_progress_from_output_and_stop(tmp_path):
     assert json.loads(log[0])["step"] == 1
 
 
+@pytest.mark.alone  # timing judged against the job's own 70 ms
+def test_stopping_a_job_returns_as_it_ends_not_at_the_next_look(tmp_path):
+    """A job that takes 70 ms to end after SIGTERM (a launcher taking its workers down): stop
+    returns as it ends. Popen's own wait with a timeout looks at 0.5, 1.5, 3.5 ... 63.5 ms, then
+    at 113.5 ms: it would see this end 43 ms late, and a recovery that restarts the job would pay
+    that as the controller's own time."""
+    jobs = JobControl(str(tmp_path))
+    script = ("import json,os,signal,time\n"
+              "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.07), os._exit(0)))\n"
+              "print(json.dumps({'step': 1, 'step_time_s': 0.01, 'samples_per_s': 1}), flush=True)\n"
+              "time.sleep(60)\n")
+    jobs.start([sys.executable, "-c", script, "{rank}"], {"rank": 0})
+    assert jobs.wait_step(1, timeout_s=20)["reached"]
+    started = time.monotonic()
+    stopped = jobs.stop(timeout_s=5)
+    took = time.monotonic() - started
+    assert not stopped["running"] and stopped["returncode"] == 0
+    assert 0.07 <= took < 0.1, f"stop returned {took * 1e3:.1f} ms after SIGTERM, the job took 70 ms to end"
+
+
 def test_a_jobs_start_events_and_last_words_as_the_job_interface_says(tmp_path):
     """What a PyTorch job under torchrun prints, read as the job interface says: torchrun's
     rendezvous line and the job's own events in order (an event that names a checkpoint's step

@@ -29,6 +29,7 @@ import collections
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import threading
@@ -74,6 +75,29 @@ def _popen(argv: list[str], env: dict) -> subprocess.Popen:
     process group), stdout and stderr on one pipe, stdin closed."""
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env=env, start_new_session=True)
+
+
+def _wait(proc, timeout_s: float) -> None:
+    """``proc.wait(timeout_s)``, woken by the process's end. Popen's wait with a timeout polls,
+    sleeping from half a millisecond doubling to 50 ms between looks, so a job that ends between
+    two looks is seen up to 50 ms late, and a recovery that stops the job pays it in full. A
+    pidfd (Linux 5.3 on) is readable the moment the process ends. It is opened before the
+    process is known to be unreaped (the job's follower reaps it, under Popen's lock), so that
+    it can only be this process's."""
+    pidfd = None
+    if isinstance(proc, subprocess.Popen) and hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError:  # gone and reaped already, or no pidfd here: Popen's own wait
+            pidfd = None
+    try:
+        if pidfd is not None and proc.poll() is None:
+            if not select.select([pidfd], [], [], timeout_s)[0]:
+                raise subprocess.TimeoutExpired(proc.args, timeout_s)
+        proc.wait(timeout=timeout_s)  # at once, or once the follower has reaped it
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 class JobControl:
@@ -156,10 +180,10 @@ class JobControl:
             return self.status()
         try:
             os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=timeout_s)
+            _wait(proc, timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=timeout_s)
+            _wait(proc, timeout_s)
         except ProcessLookupError:
             pass
         return self.status()
