@@ -40,14 +40,17 @@ def machine_busy_s() -> float:
 
 
 def servers_children_cpu_s(session) -> float:
-    """CPU of the ranks the bench's agents' fork servers have reaped, every host together."""
+    """CPU of the ranks the session's agents' fork servers have reaped, every host together (a
+    fork server is its agent's child; another bench's on this machine is not counted)."""
+    agents = {client._proc.pid for client in session.hosts.values() if getattr(client, "_proc", None)}
     total = 0.0
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if b"emulators.forkserver" in open(f"/proc/{entry}/cmdline", "rb").read():
+                parent = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+                if parent in agents and b"emulators.forkserver" in open(f"/proc/{entry}/cmdline", "rb").read():
                     total += children_cpu_s(int(entry))
-            except OSError:  # gone meanwhile
+            except (OSError, ValueError, IndexError):  # gone meanwhile
                 pass
     return total
 
@@ -73,7 +76,9 @@ def restarts(count: int) -> None:
         wall = time.perf_counter() - started
         machine = machine_busy_s() - machine_before
         session.stop_job()
-        # each rank's end reaped by its server: the ranks of the last restart, once they are gone
+        # The ranks each stop ended, reaped by their servers: the first start's and every
+        # restart's but (where its server has not reaped them yet) the last: ``count`` starts of
+        # every rank, give or take one.
         ranks_cpu = servers_children_cpu_s(session) - ranks_before
     starts = count * len(ranks)
     print(f"The job restarted on the exploration bench ({count} times, {len(ranks)} ranks; load average "
