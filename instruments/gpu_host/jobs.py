@@ -92,7 +92,9 @@ def _wait(proc, timeout_s: float) -> None:
             pidfd = None
     try:
         if pidfd is not None and proc.poll() is None:
-            if not select.select([pidfd], [], [], timeout_s)[0]:
+            ended = select.poll()  # (not select.select: no limit on the descriptor's number)
+            ended.register(pidfd, select.POLLIN)
+            if not ended.poll(max(0.0, timeout_s) * 1000):
                 raise subprocess.TimeoutExpired(proc.args, timeout_s)
         proc.wait(timeout=timeout_s)  # at once, or once the follower has reaped it
     finally:
