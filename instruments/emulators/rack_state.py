@@ -15,7 +15,6 @@ import fcntl
 import ipaddress
 import json
 import os
-import select
 import shutil
 import socket
 import tempfile
@@ -25,6 +24,7 @@ from pathlib import Path
 from lumion_hil.instruments.emulators.rack_machine import available, list_netns, pids_in, remove_named, root_links
 from lumion_hil.instruments.emulators.rack_netlink import IPRoute
 from lumion_hil.instruments.emulators.rack_spec import MGMT_SPACE, PREFIX, RackError, RackLayout, RackUnavailable
+from lumion_hil.instruments.gpu_host.jobs import wait_exit
 
 STATE_DIR = "/run/lumion-hil/racks"
 LOCK_FILE = "/run/lumion-hil/racks.lock"  # one for the machine, whatever a rack's state_dir
@@ -120,20 +120,6 @@ def alive(pid: int, start: int | None) -> bool:
     """Whether the process that had ``pid`` (and started at ``start``, where known) still runs."""
     now = process_start(pid)
     return now is not None and (start is None or now == start)
-
-
-def wait_exit(pid: int, timeout_s: float) -> None:
-    """Until the process ends (woken by its exit, through a pidfd), at most ``timeout_s``."""
-    if timeout_s <= 0:
-        return
-    try:
-        fd = os.pidfd_open(pid)
-    except (OSError, AttributeError):
-        return
-    try:
-        select.select([fd], [], [], timeout_s)
-    finally:
-        os.close(fd)
 
 
 def run_wrapper() -> int | None:

@@ -77,29 +77,35 @@ def _popen(argv: list[str], env: dict) -> subprocess.Popen:
                             env=env, start_new_session=True)
 
 
+def wait_exit(pid: int, timeout_s: float, unreaped=None) -> bool | None:
+    """Until process ``pid`` ends, woken by its end through a pidfd (Linux 5.3 on), at most
+    ``timeout_s``: True once it has ended, False at the timeout, None where no pidfd could be
+    opened (no such process, or no pidfds here). ``unreaped``: where the caller's own child may
+    be reaped meanwhile, a check that it has not been, made once the pidfd is open, so that the
+    pidfd can only be that process's (a reaped pid may be another's); if it says reaped, True."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
+    try:
+        if unreaped is not None and not unreaped():
+            return True
+        ended = select.poll()  # (not select.select: no limit on the descriptor's number)
+        ended.register(fd, select.POLLIN)
+        return bool(ended.poll(max(0.0, timeout_s) * 1000))
+    finally:
+        os.close(fd)
+
+
 def _wait(proc, timeout_s: float) -> None:
     """``proc.wait(timeout_s)``, woken by the process's end. Popen's wait with a timeout polls,
     sleeping from half a millisecond doubling to 50 ms between looks, so a job that ends between
-    two looks is seen up to 50 ms late, and a recovery that stops the job pays it in full. A
-    pidfd (Linux 5.3 on) is readable the moment the process ends. It is opened before the
-    process is known to be unreaped (the job's follower reaps it, under Popen's lock), so that
-    it can only be this process's."""
-    pidfd = None
-    if isinstance(proc, subprocess.Popen) and hasattr(os, "pidfd_open"):
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-        except OSError:  # gone and reaped already, or no pidfd here: Popen's own wait
-            pidfd = None
-    try:
-        if pidfd is not None and proc.poll() is None:
-            ended = select.poll()  # (not select.select: no limit on the descriptor's number)
-            ended.register(pidfd, select.POLLIN)
-            if not ended.poll(max(0.0, timeout_s) * 1000):
-                raise subprocess.TimeoutExpired(proc.args, timeout_s)
-        proc.wait(timeout=timeout_s)  # at once, or once the follower has reaped it
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
+    two looks is seen up to 50 ms late, and a recovery that stops the job pays it in full. (The
+    job's follower reaps it, under Popen's lock: hence the check that it is still unreaped.)"""
+    if isinstance(proc, subprocess.Popen):
+        if wait_exit(proc.pid, timeout_s, unreaped=lambda: proc.poll() is None) is False:
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
+    proc.wait(timeout=timeout_s)  # at once, or once the follower has reaped it
 
 
 class JobControl:
