@@ -1,21 +1,29 @@
 """Plots for reports: a recovery's phases as a Gantt chart with the light at the new paths
-beneath it, on one time axis (seconds after the fault). PNG and SVG."""
+beneath it, on one time axis (seconds after the fault). PNG and SVG.
+
+matplotlib is imported on the first figure, not with this module: the suites import it, and a run
+without a report makes no figure (reports/allure_glue.py: attach_figure), where the import alone
+would cost about half a second of CPU in every process that collects the suites."""
 
 from __future__ import annotations
 
 import io
 
-import matplotlib
+from lumion_hil.harness.recovery_model import PHASES
 
-matplotlib.use("Agg")  # files only, never a window
-import matplotlib.pyplot as plt  # noqa: E402
 
-from lumion_hil.harness.recovery_model import PHASES  # noqa: E402
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def recovery_figure(phases: dict[str, tuple[int, int]], fault_ns: int, light: dict[str, list[tuple[int, float | None]]],
                     title: str = "recovery", sensitivity_dbm: float | None = None):
-    fig, (ax_phase, ax_light) = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True,
+    fig, (ax_phase, ax_light) = _pyplot().subplots(2, 1, figsize=(9, 5.5), sharex=True,
                                              gridspec_kw={"height_ratios": [3, 2]})
     names = [p for p in PHASES if p in phases]
     for row, name in enumerate(names):
@@ -52,12 +60,12 @@ def render(fig, fmt: str) -> bytes:
 
 
 def close(fig) -> None:
-    plt.close(fig)
+    _pyplot().close(fig)
 
 
 def busbw_figure(series: dict[str, dict[int, float]], title: str = "bus bandwidth by message size"):
     """nccl-tests' busbw against message size, one line per fabric or moment (log x)."""
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = _pyplot().subplots(figsize=(8, 4.5))
     for k, (label, by_size) in enumerate(series.items()):
         sizes = sorted(s for s in by_size if s > 0)
         ax.plot(sizes, [by_size[s] for s in sizes], marker="o", markersize=3, linewidth=1.2, label=label,

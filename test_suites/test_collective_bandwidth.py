@@ -19,7 +19,7 @@ from lumion_hil.harness import limits, predictions
 from lumion_hil.harness.measurements import Spec
 from lumion_hil.harness.published import about, upper_limit
 from lumion_hil.harness.recovery import rank_map, recover_once
-from lumion_hil.reports.plots import busbw_figure, close
+from lumion_hil.reports.plots import busbw_figure
 
 pytestmark = allure.feature("collective bandwidth")
 
@@ -101,9 +101,8 @@ def test_busbw_by_size(story, session, measure, record_note):
     for size in sizes:
         writer.writerow([size, *(by_size.get(size, "") for by_size in series.values())])
     allure.attach(table.getvalue(), name="busbw-by-size", attachment_type=allure.attachment_type.CSV)
-    fig = busbw_figure(series, "all-reduce bus bandwidth (nccl-tests' output)")
-    allure_glue.attach_figure("busbw-by-size", fig)
-    close(fig)
+    allure_glue.attach_figure("busbw-by-size",
+                              lambda: busbw_figure(series, "all-reduce bus bandwidth (nccl-tests' output)"))
     for lib, sweeps in story["sweeps"].items():
         tag, made_by = _tag(story, lib), session.backend.describe_library(lib)
         for name, sweep in sweeps.items():

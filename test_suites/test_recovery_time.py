@@ -21,7 +21,7 @@ from lumion_hil.harness.recovery import (LightProbe, LinkWatch, NotRestarted, ch
                                         controller_overhead, floor_from_before, ground_truth, job_last_words,
                                         job_phases, migrate_to_reserved_rack, observe_restart, recover_from,
                                         stamp_error, switch_commands)
-from lumion_hil.reports.plots import close, recovery_figure
+from lumion_hil.reports.plots import recovery_figure
 
 pytestmark = allure.feature("recovery")
 
@@ -89,10 +89,9 @@ class Recovery:
 
 
 def _attach(bench_file, fault, fault_ns, result, probe):
-    fig = recovery_figure(result.phases, fault_ns, probe.samples, title=f"{fault.describe()}: {result.status}",
-                          sensitivity_dbm=bench_file.limits.receiver_sensitivity_dbm.value)
-    allure_glue.attach_figure("recovery-timeline", fig)
-    close(fig)
+    allure_glue.attach_figure("recovery-timeline", lambda: recovery_figure(
+        result.phases, fault_ns, probe.samples, title=f"{fault.describe()}: {result.status}",
+        sensitivity_dbm=bench_file.limits.receiver_sensitivity_dbm.value))
     allure_glue.attach_json("recovery", {"fault": fault.describe(), "status": result.status, "reason": result.reason,
                                          "plan": vars(result.plan) if result.plan else None,
                                          "phases_s": {p: result.phase_s(p) for p in result.phases}})

@@ -55,3 +55,37 @@ def test_a_broken_bench_stops_the_run_with_its_problems(pytester):
     assert result.ret == 4  # pytest's usage error: nothing ran
     result.stderr.fnmatch_lines(["*04-port-out-of-range.yaml:*: topology.hosts[[]1[]].nics[[]0[]].tx_port: "
                                  "port 40 is not an ingress port*"])
+
+
+FIGURE_SUITE = """
+import sys
+
+from lumion_hil.reports import allure_glue
+
+
+def test_figure():
+    made = []
+
+    def make():
+        from lumion_hil.reports.plots import busbw_figure
+
+        made.append(1)
+        return busbw_figure({"optical": {1024: 1.0, 2048: 2.0}})
+
+    allure_glue.attach_figure("busbw", make)
+    print("FIGURES MADE", len(made), "MATPLOTLIB", "matplotlib" in sys.modules)
+"""
+
+
+def test_a_figure_is_made_only_where_a_report_keeps_it(pytester, tmp_path):
+    """Without --alluredir an attachment goes nowhere: the figure is not drawn, and matplotlib is
+    not even imported (half a second of CPU a process). With a report it is there, PNG and SVG."""
+    pytester.makepyfile(test_figure=FIGURE_SUITE)
+    bare = pytester.runpytest_subprocess(*NO_LABGRID, "-s", "-p", "no:randomly")
+    bare.assert_outcomes(passed=1)
+    bare.stdout.fnmatch_lines(["*FIGURES MADE 0 MATPLOTLIB False*"])
+    report = tmp_path / "allure-results"
+    kept = pytester.runpytest_subprocess(*NO_LABGRID, "-s", "-p", "no:randomly", f"--alluredir={report}")
+    kept.assert_outcomes(passed=1)
+    kept.stdout.fnmatch_lines(["*FIGURES MADE 1 MATPLOTLIB True*"])
+    assert sorted(p.suffix for p in report.iterdir() if p.suffix in (".png", ".svg")) == [".png", ".svg"]
