@@ -8,7 +8,10 @@ a change, and where the time goes.
    sequences a minute, and their ratio.
 2. For each, the wall time of what the explorer does (a reset, a recovery, a repair, a quiet
    step, the promises' check) split into the scaled physics the world accounts for, process
-   start-up, harness CPU and waiting (perf/exploration_split.py says how each is measured).
+   start-up, harness CPU and waiting (perf/exploration_split.py says how each is measured); and
+   the run's CPU by process (the harness, the agents, the fork servers, the ranks) beside the
+   whole machine's (perf/process_cpu.py): on a machine the run keeps busy, what it costs in CPU
+   is what sets its speed.
 3. The floor the physics alone sets: the profile's physics, all of it, spread over the workers;
    the sequences a minute it allows, and how far each run is from it.
 
@@ -32,6 +35,7 @@ from io import BytesIO
 from pathlib import Path
 
 from exploration_split import late_us  # this folder's: it runs as a script from here
+from process_cpu import ByProcess, describe
 
 ROOT = Path(__file__).resolve().parent.parent
 # The code before failure sequences were made cheap (fork-served ranks, fewer world round trips,
@@ -106,7 +110,14 @@ def explore(tree: Path, shim: Path | None, profile: str, sequences: int, *extra:
             probe = subprocess.Popen([sys.executable, "-c", WAKE_PROBE, str(Path(tmp) / "wake.json")])
             try:
                 started = time.monotonic()
-                proc = subprocess.run(cmd, capture_output=True, text=True, cwd=shim or ROOT, env=env)
+                run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                       cwd=shim or ROOT, env=env)
+                watch = ByProcess(run.pid).start()
+                try:
+                    stdout, stderr = run.communicate()
+                finally:
+                    cpu = watch.stop()
+                proc = subprocess.CompletedProcess(cmd, run.returncode, stdout, stderr)
                 wall = time.monotonic() - started
             finally:  # an interrupted run leaves no probe behind
                 probe.terminate()
@@ -136,7 +147,7 @@ def explore(tree: Path, shim: Path | None, profile: str, sequences: int, *extra:
     recoveries = sum(m["attrs"].get("recoveries", 0) for m in taken if m["name"] == "sequences_per_minute")
     return {"sequences": explored, "distinct": distinct, "wall_s": wall, "per_min": 60 * explored / wall,
             "mean_steps": sum(lengths) / len(lengths) if lengths else 0.0, "recoveries": recoveries,
-            "recoveries_per_min": 60 * recoveries / wall, "parts": parts, "wake_alone": late_us(alone)}
+            "recoveries_per_min": 60 * recoveries / wall, "parts": parts, "wake_alone": late_us(alone), "cpu": cpu}
 
 
 def floor(run: dict, workers: int) -> dict:
@@ -229,6 +240,9 @@ def main() -> None:
     print("Where the time goes (perf/exploration_split.py):")
     for name, r in runs:
         print_split(name, r)
+    print("The run's CPU by process, s (perf/process_cpu.py):")
+    for name, r in runs:
+        print(f"  {name}: {describe(r['cpu'], r['wall_s'])}")
     print(f"load average {os.getloadavg()[0]:.2f} at the end (other work on the machine slows both sides)")
     if args.profiles and args.bench == "exploration.yaml":
         more = [(f"nightly (-n {args.workers})", explore(ROOT, None, "nightly", args.nightly, *workers, split=False)),

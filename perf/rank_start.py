@@ -24,19 +24,9 @@ from lumion_hil.instruments.emulators.agent import EMULATED_JOBS
 from lumion_hil.instruments.emulators.forkserver import ForkServer
 from lumion_hil.instruments.gpu_host.jobs import _popen
 
+from process_cpu import children_cpu_s, machine_busy_s  # this folder's: it runs as a script from here
+
 JOB = "lumion_hil.instruments.emulators.job"
-
-
-def children_cpu_s(pid: int) -> float:
-    """CPU of the reaped children of ``pid`` (cutime + cstime, /proc/PID/stat)."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy_s() -> float:
-    """CPU the whole machine has spent (user, nice, system, irq, softirq), /proc/stat."""
-    fields = [int(x) for x in open("/proc/stat").readline().split()[1:8]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def servers_children_cpu_s(session) -> float:
