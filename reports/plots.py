@@ -7,11 +7,13 @@ would cost about half a second of CPU in every process that collects the suites.
 
 from __future__ import annotations
 
+import functools
 import io
 
 from lumion_hil.harness.recovery_model import PHASES
 
 
+@functools.cache
 def _pyplot():
     import matplotlib
 
@@ -24,7 +26,7 @@ def _pyplot():
 def recovery_figure(phases: dict[str, tuple[int, int]], fault_ns: int, light: dict[str, list[tuple[int, float | None]]],
                     title: str = "recovery", sensitivity_dbm: float | None = None):
     fig, (ax_phase, ax_light) = _pyplot().subplots(2, 1, figsize=(9, 5.5), sharex=True,
-                                             gridspec_kw={"height_ratios": [3, 2]})
+                                                   gridspec_kw={"height_ratios": [3, 2]})
     names = [p for p in PHASES if p in phases]
     for row, name in enumerate(names):
         start, end = phases[name]
