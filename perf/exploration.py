@@ -115,6 +115,10 @@ def explore(tree: Path, shim: Path | None, profile: str, sequences: int, *extra:
                 watch = ByProcess(run.pid).start()
                 try:
                     stdout, stderr = run.communicate()
+                except BaseException:  # interrupted: the run is not left going (as subprocess.run would not)
+                    run.kill()
+                    run.wait()
+                    raise
                 finally:
                     cpu = watch.stop()
                 proc = subprocess.CompletedProcess(cmd, run.returncode, stdout, stderr)

@@ -21,7 +21,7 @@ TICK = os.sysconf("SC_CLK_TCK")
 KINDS = ("harness", "agents", "fork servers", "ranks", "other")
 
 
-def _stat(pid: int | str) -> list[str]:
+def stat_fields(pid: int | str) -> list[str]:
     """/proc/PID/stat's fields from the third (state) on: the name before them may hold spaces."""
     with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
         return fh.read().rsplit(")", 1)[1].split()
@@ -29,7 +29,7 @@ def _stat(pid: int | str) -> list[str]:
 
 def children_cpu_s(pid: int) -> float:
     """CPU of the reaped children of ``pid`` (cutime + cstime)."""
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     return (int(fields[13]) + int(fields[14])) / TICK
 
 
@@ -68,6 +68,7 @@ class ByProcess:
         self._thread = threading.Thread(target=self._follow, daemon=True, name="cpu-by-process")
         self._machine0 = machine_busy_s()
         self._machine_s = 0.0
+        self._failed: Exception | None = None
 
     def start(self) -> "ByProcess":
         self._thread.start()
@@ -77,6 +78,8 @@ class ByProcess:
         """Stop reading; CPU seconds by kind, ``machine`` (all of it over the span) and ``cores``."""
         self._stop.set()
         self._thread.join()
+        if self._failed is not None:
+            raise RuntimeError(f"reading the run's CPU from /proc failed: {self._failed}") from self._failed
         totals = dict.fromkeys(KINDS, 0.0)
         for key, (kind, own, reaped, last, parent) in self._seen.items():
             totals[kind] += own
@@ -89,13 +92,16 @@ class ByProcess:
         return {**totals, "machine": self._machine_s, "cores": float(os.cpu_count() or 1)}
 
     def _follow(self) -> None:
-        while True:
-            self._read()
-            self._machine_s = machine_busy_s() - self._machine0
-            if self._stop.wait(self.every_s):
+        try:
+            while True:
                 self._read()
                 self._machine_s = machine_busy_s() - self._machine0
-                return
+                if self._stop.wait(self.every_s):
+                    self._read()
+                    self._machine_s = machine_busy_s() - self._machine0
+                    return
+        except Exception as exc:  # said by stop(), not lost with this thread
+            self._failed = exc
 
     def _read(self) -> None:
         self._reading += 1
@@ -105,7 +111,7 @@ class ByProcess:
             if not entry.isdigit():
                 continue
             try:
-                fields = _stat(entry)
+                fields = stat_fields(entry)
             except OSError:  # gone meanwhile
                 continue
             parents[int(entry)] = int(fields[1])
@@ -119,15 +125,25 @@ class ByProcess:
                 if parent in ours and pid not in ours:
                     ours.add(pid)
                     grew = True
-        for pid in ours:  # each one's kind, from its command line (once)
-            if pid in fields_of and (pid, fields_of[pid][19]) not in self._kinds:
+        cmdlines: dict[int, bytes] = {}
+
+        def cmdline(pid: int) -> bytes:
+            if pid not in cmdlines:
                 try:
                     with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                        cmdline = fh.read()
+                        cmdlines[pid] = fh.read()
                 except OSError:
-                    continue
-                if cmdline:  # else a zombie, or a process not yet past its exec: asked again next time
-                    self._kinds[(pid, fields_of[pid][19])] = _kind(cmdline)
+                    cmdlines[pid] = b""
+            return cmdlines[pid]
+
+        for pid in ours:  # each one's kind, from its command line (once it has its own)
+            if pid in fields_of and (pid, fields_of[pid][19]) not in self._kinds:
+                mine = cmdline(pid)
+                # Empty: a zombie. Its parent's: a process between its fork and its exec (or a
+                # fork server's rank, which never execs: counted as its server reaps it). Either
+                # is asked again at the next reading.
+                if mine and mine != cmdline(parents[pid]):
+                    self._kinds[(pid, fields_of[pid][19])] = _kind(mine)
         for pid in ours:
             fields = fields_of.get(pid)
             kind = None if fields is None else self._kinds.get((pid, fields[19]))
@@ -160,4 +176,5 @@ def describe(cpu: dict[str, float], wall_s: float) -> str:
     capacity = cpu["cores"] * wall_s
     parts = ", ".join(f"{k} {cpu[k]:.1f}" for k in KINDS)
     return (f"{parts}; the machine {cpu['machine']:.1f} of {capacity:.1f} ({100 * cpu['machine'] / capacity:.0f}% busy), "
-            f"{max(0.0, cpu['machine'] - counted):.1f} of it beyond these (the kernel's own work, anything else)")
+            f"{max(0.0, cpu['machine'] - counted):.1f} of it beyond these (the kernel's own work, what processes spent "
+            "after their last reading, anything else)")

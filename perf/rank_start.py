@@ -24,7 +24,7 @@ from lumion_hil.instruments.emulators.agent import EMULATED_JOBS
 from lumion_hil.instruments.emulators.forkserver import ForkServer
 from lumion_hil.instruments.gpu_host.jobs import _popen
 
-from process_cpu import children_cpu_s, machine_busy_s  # this folder's: it runs as a script from here
+from process_cpu import children_cpu_s, machine_busy_s, stat_fields  # this folder's: it runs as a script from here
 
 JOB = "lumion_hil.instruments.emulators.job"
 
@@ -37,7 +37,7 @@ def servers_children_cpu_s(session) -> float:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                parent = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+                parent = int(stat_fields(entry)[1])
                 if parent in agents and b"emulators.forkserver" in open(f"/proc/{entry}/cmdline", "rb").read():
                     total += children_cpu_s(int(entry))
             except (OSError, ValueError, IndexError):  # gone meanwhile
