@@ -94,12 +94,12 @@ class ByProcess:
     def _follow(self) -> None:
         try:
             while True:
+                stopping = self._stop.is_set()  # a last reading after stop() was asked for
                 self._read()
                 self._machine_s = machine_busy_s() - self._machine0
-                if self._stop.wait(self.every_s):
-                    self._read()
-                    self._machine_s = machine_busy_s() - self._machine0
+                if stopping:
                     return
+                self._stop.wait(self.every_s)
         except Exception as exc:  # said by stop(), not lost with this thread
             self._failed = exc
 

@@ -35,6 +35,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 FIELDS = ("rank", "world_size", "gpu", "master_addr", "master_port", "heartbeat")
 _STEP_RE = re.compile(r"\bstep[\s=:]+(\d+)", re.IGNORECASE)
@@ -77,7 +78,7 @@ def _popen(argv: list[str], env: dict) -> subprocess.Popen:
                             env=env, start_new_session=True)
 
 
-def wait_exit(pid: int, timeout_s: float, unreaped=None) -> bool | None:
+def wait_exit(pid: int, timeout_s: float, unreaped: Callable[[], bool] | None = None) -> bool | None:
     """Until process ``pid`` ends, woken by its end through a pidfd (Linux 5.3 on), at most
     ``timeout_s``: True once it has ended, False at the timeout, None where no pidfd could be
     opened (no such process, or no pidfds here). ``unreaped``: where the caller's own child may
