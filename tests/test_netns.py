@@ -109,41 +109,55 @@ def test_agent_sees_the_carrier_through_netlink_within_5_ms_of_the_change(sessio
     assert agent.call("link", interface="p0")["carrier"] == 1
 
 
+def _busbw(session, ranks: list[str], fabric: str, size: tuple[int, int], library: str = "ring") -> float:
+    """The all-reduce's busbw (GB/s) at the largest size of one run of nccl-tests' output."""
+    return run_sweep(session, "all_reduce", ranks, fabric, size, library=library).largest.out_of_place.busbw_best_gbps
+
+
+def _fastest_reaches(run, predicted: float, what: str, first: float | None = None) -> list[float]:
+    """The busbw of ``run()`` (GB/s) against the cost model's ``predicted`` for the rates shaped:
+    the fastest of up to three runs, stopping at the first within 15% of it. A run can only fall
+    short of the shaping: on a core another process takes (the tests beside this one), as one
+    did once at 0.79 of the model in a clean-clone CI run; so a run above the shaping's 15% is
+    red at once, and a rate shaped wrong misses it in every run. One short run never decides
+    (a single sample against a fixed band would: a loaded core would turn it red). ``first``: a
+    run already made."""
+    measured: list[float] = []
+    while len(measured) < 3:
+        measured.append(run() if measured or first is None else first)
+        assert measured[-1] <= predicted * 1.15, (what, measured, predicted)
+        if measured[-1] >= predicted * 0.85:
+            break
+    assert max(measured) == pytest.approx(predicted, rel=0.15), (what, measured, predicted)
+    return measured
+
+
 def test_traffic_follows_the_circuits_and_busbw_matches_the_cost_model(session):
     """nccl-tests' all-reduce, run for real on the three ranks, on the optical ring and on the
     electrical rack: its large-message busbw within 15% of what the cost model predicts for the
-    rates shaped here; halving the racks' uplinks moves the electrical figure and the ratio."""
+    rates shaped here; with the racks' uplinks halved, the electrical figure across racks follows
+    the model to the halved rates (each the fastest of up to three runs: _fastest_reaches)."""
     backend = session.backend
     ranks = list(session.bench.job.ranks)
     session.stop_job()
     session.restore_baseline()
-    size = (8 << 20, 8 << 20)  # one size: the largest the bench file sweeps
+
     for fabric in ("optical", "electrical"):
-        # The fastest of up to three runs (two all-reduces of about a second each, after a
-        # warm-up), stopping at the first within 15%: a run on a core another process takes
-        # (the tests beside this one) only falls short, as one did once at 0.79 of the model in
-        # a clean-clone CI run; a rate shaped wrong misses it in every run, and a run faster
-        # than the shaping allows is red at once.
-        measured: list[float] = []
-        while len(measured) < 3:
-            row = run_sweep(session, "all_reduce", ranks, fabric, size, library="ring").largest
-            predicted = backend.predicted_busbw_gbps("all_reduce", ranks, row.size_bytes, fabric)
-            measured.append(row.out_of_place.busbw_best_gbps)
-            assert measured[-1] <= predicted * 1.15, (fabric, measured, predicted)
-            if measured[-1] >= predicted * 0.85:
-                break
-        assert max(measured) == pytest.approx(predicted, rel=0.15), (fabric, measured, predicted)
+        size = (8 << 20, 8 << 20)  # one size: the largest the bench file sweeps
+        first = _busbw(session, ranks, fabric, size)  # the optical fabric the model sees: the circuits it lit
+        predicted = backend.predicted_busbw_gbps("all_reduce", ranks, size[0], fabric)
+        _fastest_reaches(lambda: _busbw(session, ranks, fabric, size), predicted, fabric, first=first)
     ranks_e = ["host0", "host1", "host3"]  # the spare's rack is reached through the uplinks
     size = (4 << 20, 4 << 20)
-    before = run_sweep(session, "all_reduce", ranks_e, "electrical", size, library="ring").largest.out_of_place.busbw_best_gbps
-    rates = dict(backend.rack.uplink_mbit)
+    full = backend.predicted_busbw_gbps("all_reduce", ranks_e, size[0], "electrical")
+    _fastest_reaches(lambda: _busbw(session, ranks_e, "electrical", size), full, "across racks")
+    assert backend.scale_uplinks(0.5)
     try:
-        backend.rack.set_uplink_mbit({rack: mbit / 2 for rack, mbit in rates.items()})
-        after = run_sweep(session, "all_reduce", ranks_e, "electrical", size,
-                          library="ring").largest.out_of_place.busbw_best_gbps
+        halved = backend.predicted_busbw_gbps("all_reduce", ranks_e, size[0], "electrical")
+        _fastest_reaches(lambda: _busbw(session, ranks_e, "electrical", size), halved, "across racks, uplinks halved")
     finally:
-        backend.rack.set_uplink_mbit(rates)
-    assert after == pytest.approx(before / 2, rel=0.2), (before, after)
+        backend.scale_uplinks(1.0)
+    assert halved == pytest.approx(full / 2, rel=0.05), (full, halved)  # the model itself: the uplinks bound it
 
 
 def _recover_with(defect: str) -> tuple:
@@ -203,7 +217,7 @@ def test_a_follower_killed_after_the_restart_fails_the_others_through_the_framew
 def test_gloo_and_mpi_bandwidth_tests_print_nccl_tests_output_over_the_circuits(session):
     """torch.distributed's all-reduce under torchrun and mpi4py's under mpirun, each printing
     nccl-tests' output: exact results, and gloo's one ring through the circuits carries about
-    a link's shaped rate (within 15% of the cost model's one ring)."""
+    a link's shaped rate (within 15% of the cost model's one ring: _fastest_reaches)."""
     ranks = list(session.bench.job.ranks)
     session.stop_job()
     session.restore_baseline()
@@ -216,7 +230,8 @@ def test_gloo_and_mpi_bandwidth_tests_print_nccl_tests_output_over_the_circuits(
             settings = session.bench.collectives
             predicted = collective_cost("all_reduce", ranks, size[0], session.backend.fabric("optical", ranks),
                                         step_latency_us=settings.step_latency_us.value, rings=1).busbw_gbps
-            assert sweep.largest.out_of_place.busbw_best_gbps == pytest.approx(predicted, rel=0.15), sweep.output
+            _fastest_reaches(lambda: _busbw(session, ranks, "optical", size, "gloo"), predicted, "gloo",
+                             first=sweep.largest.out_of_place.busbw_best_gbps)
 
 
 def test_ssh_faults_end_in_a_recovery_or_a_clear_error_within_the_deadline(session):

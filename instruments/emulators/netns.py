@@ -335,12 +335,18 @@ class NetnsBench(EmulatedBench):
 
     def fabric(self, kind: str, ranks: list[str]) -> Fabric:
         """The fabric the cost model (instruments/collectives.py) sees for the rates shaped on
-        this rack, in Gb/s: the circuits lit now, or the electrical racks and their uplinks."""
+        this rack now, in Gb/s: the circuits lit now, or the electrical racks and their uplinks
+        (as ``scale_uplinks`` left them)."""
         scale = self.settings.rate_scale
         if kind == "electrical":
             rack = self.bench.electrical
+            uplinks = uplink_mbit(self.bench)
+            shaped = self.rack.uplink_mbit if self.rack is not None else None  # None: as the bench file says
+            if shaped is not None:
+                uplinks = {name: shaped.get(name, mbit) if isinstance(shaped, dict) else shaped
+                           for name, mbit in uplinks.items()}
             return rack_fabric(ranks, rack.nic_gbps.value * scale, rack.hop_latency_us.value, 1.0, rack.rack_of,
-                               uplink_gbps={name: mbit / 1000 for name, mbit in uplink_mbit(self.bench).items()})
+                               uplink_gbps={name: mbit / 1000 for name, mbit in uplinks.items()})
         net = self.world.optical_fabric()
         return Fabric({key: Link(link.capacity_gbps * scale, link.latency_us) for key, link in net.links.items()},
                       net.route)
