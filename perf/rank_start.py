@@ -24,25 +24,32 @@ from lumion_hil.instruments.emulators.agent import EMULATED_JOBS
 from lumion_hil.instruments.emulators.forkserver import ForkServer
 from lumion_hil.instruments.gpu_host.jobs import _popen
 
-from process_cpu import children_cpu_s, machine_busy_s, stat_fields  # this folder's: it runs as a script from here
+from process_cpu import TICK, children_cpu_s, machine_busy_s, stat_fields  # this folder's: it runs as a script from here
 
 JOB = "lumion_hil.instruments.emulators.job"
 
 
-def servers_children_cpu_s(session) -> float:
-    """CPU of the ranks the session's agents' fork servers have reaped, every host together (a
-    fork server is its agent's child; another bench's on this machine is not counted)."""
+def cpu_by_kind(session) -> dict[str, float]:
+    """CPU so far of the session's processes, by kind (perf/process_cpu.py's): the harness (this
+    process: the drivers, the explorer's controller, the in-process emulators and world service),
+    the agents and their fork servers (their own), and the ranks the fork servers have reaped,
+    every host together (a fork server is its agent's child; another bench's on this machine is
+    not counted)."""
     agents = {client._proc.pid for client in session.hosts.values() if getattr(client, "_proc", None)}
-    total = 0.0
+    own = os.times()
+    out = {"harness": own.user + own.system, "agents": 0.0, "fork servers": 0.0, "ranks": 0.0}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                parent = int(stat_fields(entry)[1])
-                if parent in agents and b"emulators.forkserver" in open(f"/proc/{entry}/cmdline", "rb").read():
-                    total += children_cpu_s(int(entry))
+                fields = stat_fields(entry)
+                if int(entry) in agents:
+                    out["agents"] += (int(fields[11]) + int(fields[12])) / TICK
+                elif int(fields[1]) in agents and b"emulators.forkserver" in open(f"/proc/{entry}/cmdline", "rb").read():
+                    out["fork servers"] += (int(fields[11]) + int(fields[12])) / TICK
+                    out["ranks"] += children_cpu_s(int(entry))
             except (OSError, ValueError, IndexError):  # gone meanwhile
                 pass
-    return total
+    return out
 
 
 def restarts(count: int) -> None:
@@ -57,7 +64,7 @@ def restarts(count: int) -> None:
         session.start_job(ranks)
         if not lead.wait_step(1, 30).reached:
             raise SystemExit(f"the job did not start on {ranks}")
-        ranks_before, machine_before, started = servers_children_cpu_s(session), machine_busy_s(), time.perf_counter()
+        before, machine_before, started = cpu_by_kind(session), machine_busy_s(), time.perf_counter()
         for _ in range(count):
             session.stop_job()
             session.start_job(ranks)
@@ -69,12 +76,15 @@ def restarts(count: int) -> None:
         # The ranks each stop ended, reaped by their servers: the first start's and every
         # restart's but (where its server has not reaped them yet) the last: ``count`` starts of
         # every rank, give or take one.
-        ranks_cpu = servers_children_cpu_s(session) - ranks_before
+        after = cpu_by_kind(session)
+    spent = {kind: after[kind] - before[kind] for kind in after}
     starts = count * len(ranks)
     print(f"The job restarted on the exploration bench ({count} times, {len(ranks)} ranks; load average "
           f"{os.getloadavg()[0]:.2f}): {wall / count * 1e3:.1f} ms a restart to rank 0's first step")
-    print(f"  ranks' own CPU {ranks_cpu / starts * 1e3:6.2f} ms a start; the machine's CPU "
+    print(f"  ranks' own CPU {spent['ranks'] / starts * 1e3:6.2f} ms a start; the machine's CPU "
           f"{machine / count * 1e3:6.1f} ms a restart (harness, world, agents, fork servers, ranks)")
+    print("  by kind, ms a restart: " + ", ".join(f"{kind} {cpu / count * 1e3:.1f}" for kind, cpu in spent.items()) +
+          f"; beyond these {(machine - sum(spent.values())) / count * 1e3:.1f} (the kernel's own work, anything else)")
 
 
 def start(popen) -> float:
