@@ -6,6 +6,7 @@ a story read from a file (``lumion-hil replay``).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -115,24 +116,26 @@ class Explorer(PromiseChecks):
     def finish(self) -> None:
         """Leave the bench as exploration found it: the job stopped, every fault made repaired,
         the baseline restored."""
-        session = self.session
-        session.stop_job()
-        for faults in getattr(self, "model", _Damage()).faults.values():
-            for fault in faults:
-                self.injector.repair(fault)
-        for (host, nic), _ in getattr(self, "model", _Damage()).fading.items():
-            self.injector.repair(Fault("transceiver_degradation", host, nic))
-        world = session.world
-        if world is not None:  # emulated: whatever a story broke, heal all of it
-            world.heal()
-            transcript.note("heal")
-            # a circuit on a protected port is one a broken controller made (the guard never
-            # switches it back): in the emulated world it can be undone
-            stray = [(i, e) for i, e in world.connections().items() if {i, e} & self.protected]
-            if stray:
-                world.disconnect(stray)
-        session.restore_baseline()
+        model = getattr(self, "model", _Damage())
+        repairs: list[Callable[[], object]] = [functools.partial(self.injector.repair, fault)
+                                               for faults in model.faults.values() for fault in faults]
+        repairs += [functools.partial(self.injector.repair, Fault("transceiver_degradation", host, nic))
+                    for host, nic in model.fading]
+        if self.session.world is not None:
+            repairs.append(self._heal)
+        self.session.put_back(*repairs)  # every step, even past one that fails (an agent gone)
         self.model = _Damage()
+
+    def _heal(self) -> None:
+        """Emulated: whatever a story broke, heal all of it."""
+        world = self.session.world
+        world.heal()
+        transcript.note("heal")
+        # a circuit on a protected port is one a broken controller made (the guard never
+        # switches it back): in the emulated world it can be undone
+        stray = [(i, e) for i, e in world.connections().items() if {i, e} & self.protected]
+        if stray:
+            world.disconnect(stray)
 
     # -- steps -----------------------------------------------------------------------------------
 

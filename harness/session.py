@@ -256,7 +256,6 @@ class BenchSession:
     def close(self, *, restore: bool = True) -> None:
         """Leave the bench safe: baseline restored, drivers closed, emulators stopped, lock freed.
         Every step runs even if an earlier one fails; the first failure is raised at the end."""
-        failure: BaseException | None = None
         steps: list[Callable[[], object]] = [self.stop_job]  # jobs first: nothing drives traffic while rewiring
         if restore:
             steps.append(lambda: self.restore_baseline(verify=True))
@@ -271,16 +270,30 @@ class BenchSession:
             steps.append(self.backend.stop)
         if self._lock is not None:
             steps.append(self._lock.release)
-        with shield():  # an interrupt now must not cut the clean-up short
-            for step in steps:
-                try:
-                    step()
-                except Exception as exc:  # keep going: the rest of the clean-up still matters
-                    log.error("bench %s: clean-up step %s failed: %s", self.bench.name,
-                              getattr(step, "__name__", step), exc)
-                    failure = failure or exc
-        self.drivers.clear()
-        self.hosts.clear()
+        try:
+            with shield():  # an interrupt now must not cut the clean-up short
+                self._every_step(steps)
+        finally:
+            self.drivers.clear()
+            self.hosts.clear()
+
+    def put_back(self, *repairs: Callable[[], object]) -> None:
+        """After a story that broke something: the job stopped on every host, each of ``repairs``
+        (a fault's repair) made, and the baseline restored. Every step runs even if an earlier
+        one fails (an agent that is gone cannot stop its job, and the switch must still go
+        back); the first failure is raised at the end."""
+        self._every_step([self.stop_job, *repairs, self.restore_baseline])
+
+    def _every_step(self, steps: list[Callable[[], object]]) -> None:
+        """Run every step of a clean-up, even past a failing one (logged); raise the first failure."""
+        failure: Exception | None = None
+        for step in steps:
+            try:
+                step()
+            except Exception as exc:  # keep going: the rest of the clean-up still matters
+                log.error("bench %s: clean-up step %s failed: %s", self.bench.name,
+                          getattr(step, "__name__", step), exc)
+                failure = failure or exc
         if failure is not None:
             raise failure
 

@@ -77,9 +77,7 @@ def story(session, bench_file):
             finally:
                 session.backend.scale_uplinks(1.0)
     finally:
-        session.stop_job()
-        injector.repair(fault)
-        session.restore_baseline()
+        session.put_back(lambda: injector.repair(fault))
     return out
 
 

@@ -49,8 +49,7 @@ def running_job(session, bench_file, gpu_hosts, record_note):
         saved = gpu_hosts[ranks[0]].wait_job_event("checkpoint_saved", bench_file.waits.recovery_s)
         assert saved.event, f"the job on {ranks} saved no checkpoint: {saved.last_lines}"
     yield ranks
-    session.stop_job()
-    session.restore_baseline()
+    session.put_back()
 
 
 def _spare_detectors(bench_file):

@@ -39,9 +39,7 @@ def rates(session, bench_file):
             session.start_job(after, "electrical")
             out["electrical"] = observe_step_rate(session, after, INTERVALS)
     finally:
-        session.stop_job()
-        injector.repair(fault)
-        session.restore_baseline()
+        session.put_back(lambda: injector.repair(fault))
     out["fault"] = fault
     return out
 

@@ -7,6 +7,7 @@ import pytest
 from lumion_hil.harness.errors import BenchInUseError, SafetyError
 from lumion_hil.harness.lock import BenchLock
 from lumion_hil.harness.session import BenchSession
+from lumion_hil.instruments.protocols import AgentGone
 
 
 def test_protected_port_is_refused_even_when_it_is_the_only_path(bench_cfg):
@@ -50,6 +51,28 @@ def test_close_runs_every_step_even_if_one_fails(bench_cfg):
         session.close()
     assert not session.drivers, "drivers closed"
     assert server._server.socket.fileno() == -1, "emulators stopped"
+
+
+def test_put_back_restores_the_baseline_even_where_an_agent_is_gone(bench_cfg):
+    """A story's clean-up (the suites', the explorer's): an agent that is gone cannot stop its
+    job, and still every repair is made and the switch goes back to the baseline; the agent's
+    failure is raised after them."""
+    session = BenchSession.open(bench_cfg)
+    try:
+        session.switch.disconnect([(1, 20)])
+        session.switch.connect([(7, 20)])
+        gone = session.hosts["host1"]
+        gone._proc.kill()
+        gone._proc.wait()
+        repaired = []
+        with pytest.raises(AgentGone, match="host1"):
+            session.put_back(lambda: repaired.append("fault"))
+        assert repaired == ["fault"]
+        assert session.world.connections() == dict(bench_cfg.safety.baseline)
+    finally:
+        with pytest.raises(AgentGone, match="host1"):  # the job it cannot stop, said again; the rest closes
+            session.close()
+    assert not session.hosts and not session.drivers
 
 
 def test_a_bench_is_locked_by_one_run(tmp_path, monkeypatch):
