@@ -269,19 +269,29 @@ def test_stopping_a_job_returns_as_it_ends_not_at_the_next_look(tmp_path):
     """A job that takes 70 ms to end after SIGTERM (a launcher taking its workers down): stop
     returns as it ends. Popen's own wait with a timeout looks at 0.5, 1.5, 3.5 ... 63.5 ms, then
     at 113.5 ms: it would see this end 43 ms late, and a recovery that restarts the job would pay
-    that as the controller's own time."""
+    that as the controller's own time.
+
+    A busy machine only makes a stop return later, never sooner: so the fastest of up to three
+    stops (each of a job of its own) is judged, stopping at the first under 100 ms. A stop that
+    looks at 113.5 ms is never under it, however quiet the machine; a stop woken by the end is
+    judged red only if three stops in a row each come back 30 ms late. No stop returns before
+    the job has ended (70 ms), on any machine."""
     jobs = JobControl(str(tmp_path))
     script = ("import json,os,signal,time\n"
               "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.07), os._exit(0)))\n"
               "print(json.dumps({'step': 1, 'step_time_s': 0.01, 'samples_per_s': 1}), flush=True)\n"
               "time.sleep(60)\n")
-    jobs.start([sys.executable, "-c", script, "{rank}"], {"rank": 0})
-    assert jobs.wait_step(1, timeout_s=20)["reached"]
-    started = time.monotonic()
-    stopped = jobs.stop(timeout_s=5)
-    took = time.monotonic() - started
-    assert not stopped["running"] and stopped["returncode"] == 0
-    assert 0.07 <= took < 0.1, f"stop returned {took * 1e3:.1f} ms after SIGTERM, the job took 70 ms to end"
+    took: list[float] = []
+    while len(took) < 3 and (not took or took[-1] >= 0.1):
+        jobs.start([sys.executable, "-c", script, "{rank}"], {"rank": 0})
+        assert jobs.wait_step(1, timeout_s=20)["reached"]
+        started = time.monotonic()
+        stopped = jobs.stop(timeout_s=5)
+        took.append(time.monotonic() - started)
+        assert not stopped["running"] and stopped["returncode"] == 0
+        assert took[-1] >= 0.07, f"stop returned {took[-1] * 1e3:.1f} ms after SIGTERM, before the job's 70 ms end"
+    assert min(took) < 0.1, \
+        f"stops returned {[round(t * 1e3, 1) for t in took]} ms after SIGTERM; the job took 70 ms to end"
 
 
 def test_a_jobs_start_events_and_last_words_as_the_job_interface_says(tmp_path):
