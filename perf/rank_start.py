@@ -9,7 +9,8 @@ Then the job restarted whole on the exploration bench (``--restarts``), as a fai
 restarts it: every rank stopped, started again from its agent's fork server, and waited for
 until rank 0 has stepped: the ranks' CPU a start (their own, as their fork servers reaped them)
 and the machine's CPU a restart (every process: the harness and its world, the agents, the fork
-servers and the ranks, from /proc/stat; other work on the machine counts too)."""
+servers and the ranks, from /proc/stat; other work on the machine counts too), split by kind:
+what each of those spent of it, read from the kernel's accounting before and after."""
 
 from __future__ import annotations
 
