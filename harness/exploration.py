@@ -96,6 +96,9 @@ REFERENCE_PATHS = (
 )
 
 
+EVERY_PATH = "the ci profile reaches every detection and recovery path"  # the limit's source, where it applies
+
+
 def reference_paths(bench) -> tuple[str, ...]:
     """The paths a ci run on ``bench`` must reach. The controller guesses which end of a dark
     link failed only where a receiver has no detector to tell: on a bench that sees every
@@ -105,4 +108,9 @@ def reference_paths(bench) -> tuple[str, ...]:
 
 
 def paths_missed(paths: dict[str, int], bench) -> list[str]:
-    return [p for p in reference_paths(bench) if not any(k.startswith(p) for k in paths)]
+    return missed_of(paths, reference_paths(bench))
+
+
+def missed_of(paths: dict[str, int], reference) -> list[str]:
+    """The reference paths (a prefix names a family) none of ``paths`` (path -> times taken) is."""
+    return [p for p in reference if not any(k.startswith(p) for k in paths)]

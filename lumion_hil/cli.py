@@ -23,7 +23,7 @@ from lumion_hil.cli_options import bench_option, defect_option, scale_option
 from lumion_hil.exits import fail, load_or_exit, read_transcript_or_exit
 from lumion_hil.harness.errors import BenchFileError
 from lumion_hil.harness.exit_codes import ExitCode
-from lumion_hil.harness.records import how_it_ended
+from lumion_hil.harness.records import how_it_ended, read_record
 from lumion_hil.html_report import build_report
 from lumion_hil.place_holding import holding_place
 from lumion_hil.supervision import run_suites, suites_dir
@@ -179,7 +179,8 @@ def report_cmd(parts: tuple[Path, ...], results: Path) -> None:
     With PARTS (results folders of several runs: the parts of a profile spread over a CI matrix
     with --explore-shard K/N, or several benches), merge their run records, Allure results and
     stories into RESULTS first, and summarize them as one run: the failure sequences explored are
-    added up over every shard.
+    added up over every shard, and the reference paths they took are judged over every part (in
+    the ci profile on a bench that makes every fault, none may be missed: exit 1 where one is).
 
     \b
     Example (four machines each ran one part of the nightly profile):
@@ -193,6 +194,12 @@ def report_cmd(parts: tuple[Path, ...], results: Path) -> None:
         except MergeError as exc:
             raise click.ClickException(str(exc)) from None
         click.echo(f"lumion-hil: merged {len(parts)} results into {results} ({merged})")
+        red = [m for m in read_record(merged) if m.get("part") == "merged" and m.get("verdict") == "fail"]
+        for m in red:  # what only the parts together show (reports/merge.py): the merged run is red
+            click.echo(f"lumion-hil: over every part, {m['name']} = {m['value']:g} (limit {m['high']:g}): "
+                       f"{m['test']}: missed {', '.join(m['attrs']['missed'])}", err=True)
+        built = build_report(results)
+        sys.exit(built or (int(ExitCode.TESTS_FAILED) if red else 0))
     sys.exit(build_report(results))
 
 

@@ -9,7 +9,12 @@ What is merged, from each input folder (what ``lumion-hil run --results`` wrote)
 - its Allure results (each result has its own uuid), less its own regression summary (the
   merged summary replaces those);
 - the stories its exploration saved (``stories/``).
-The inputs are read, never changed."""
+The inputs are read, never changed.
+
+What only the parts together can show is judged here: the failure sequences' reference paths.
+A part (``--explore-shard K/N``) records the paths its shards took beside the profile's limit,
+not comparable; the merged record adds one ``paths_not_reached`` over every part (``"part":
+"merged"``), judged against that limit, and a red one makes the merged run red."""
 
 from __future__ import annotations
 
@@ -20,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from lumion_hil.harness.exit_codes import MEANING, ExitCode
+from lumion_hil.harness.exploration import EVERY_PATH, missed_of
+from lumion_hil.harness.measurements import Spec, Verdict
 from lumion_hil.harness.records import read_record
 from lumion_hil.reports.summary import newest_record
 
@@ -46,6 +53,39 @@ def _is_own_summary(path: Path) -> bool:
         return json.loads(path.read_text(encoding="utf-8")).get("historyId") == "lumion-hil-regression-summary"
     except (OSError, json.JSONDecodeError, AttributeError):
         return False
+
+
+def _paths_over_parts(bodies: list[list[dict]]) -> list[dict]:
+    """``paths_not_reached`` over every part of a profile (one line for each test and bench): the
+    paths each part's shards took, added up, against the reference paths and the limit the parts
+    recorded (in the ci profile on a bench that makes every fault: none missed). Where shards of
+    the profile are in no part merged, what the parts explored is not the profile: not comparable."""
+    groups: dict[tuple, list[dict]] = {}
+    for body in bodies:
+        for line in body:
+            attrs = line.get("attrs") or {}
+            if line.get("type") == "measurement" and line.get("name") == "paths_not_reached" and attrs.get("part"):
+                groups.setdefault((line.get("test", "").split("[")[0], line.get("part_bench")), []).append(line)
+    out = []
+    for (test, bench), lines in groups.items():
+        reached: dict[str, int] = {}
+        for line in lines:
+            for path, times in line["attrs"]["reached"].items():
+                reached[path] = reached.get(path, 0) + times
+        shards = sorted({shard for line in lines for shard in line["attrs"]["shards"]})
+        missed = missed_of(reached, lines[0]["attrs"]["reference"])
+        spec = Spec("paths_not_reached", "paths", description="paths of the reference controller no story took, "
+                    "in every shard of the parts merged")
+        if all(line["attrs"].get("every") for line in lines):
+            spec = spec.at_most(0, f"{EVERY_PATH}, over every part").with_marginal(0.0)
+            absent = sorted(set(range(lines[0]["attrs"]["profile_shards"])) - set(shards))
+            if absent:
+                spec = spec.not_comparable_because(f"shard(s) {absent} of the profile are in no part merged: what "
+                                                   "the parts explored is not the whole profile")
+        m = spec.measure(float(len(missed)), missed=missed, reached=dict(sorted(reached.items())), shards=shards,
+                         parts=sorted(line["attrs"]["part"] for line in lines))
+        out.append({"type": "measurement", "test": test, **m.to_dict(), "part_bench": bench, "part": "merged"})
+    return out
 
 
 def merge_results(inputs: list[Path], out: Path) -> Path:
@@ -75,12 +115,16 @@ def merge_results(inputs: list[Path], out: Path) -> Path:
     benches = sorted({h["bench"] for h in heads if h["bench"]})
     scales = {h["time_scale"] for h in heads}
     defects = sorted({d for h in heads for d in h["defects"]})
+    over_parts = _paths_over_parts(bodies)
     counts: dict[str, int] = {}
     for end in ends:
         for kind, n in ((end or {}).get("counts") or {}).items():
             counts[kind] = counts.get(kind, 0) + n
     rank = {int(code): i for i, code in enumerate(WORST_FIRST)}
-    status = min((h["exit_status"] for h in heads), key=lambda s: rank.get(s, 0))
+    statuses = [h["exit_status"] for h in heads]
+    if any(m["verdict"] == Verdict.FAIL.value for m in over_parts):
+        statuses.append(int(ExitCode.TESTS_FAILED))
+    status = min(statuses, key=lambda s: rank.get(s, 0))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     merged = out / "records" / f"run-merged-{stamp}.jsonl"
     merged.parent.mkdir(parents=True, exist_ok=True)
@@ -89,7 +133,7 @@ def merge_results(inputs: list[Path], out: Path) -> Path:
                 "started": min((h["started"] for h in heads if h["started"]), default=None),
                 "time_scale": scales.pop() if len(scales) == 1 else None, "defects": defects, "merged_from": heads}
         fh.write(json.dumps(head) + "\n")
-        for body in bodies:
+        for body in [*bodies, over_parts]:
             for line in body:
                 fh.write(json.dumps(line, default=str) + "\n")
         outcome = MEANING.get(ExitCode(status), f"exit {status}") if status in rank else f"exit {status}"

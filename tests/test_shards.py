@@ -108,3 +108,62 @@ def test_report_names_a_folder_that_is_not_results(tmp_path):
     (tmp_path / "empty").mkdir()
     proc = _cli(tmp_path, "report", str(tmp_path / "empty"), "--results", str(tmp_path / "out"))
     assert proc.returncode != 0 and "no run record" in proc.stderr and "empty" in proc.stderr
+
+
+def _paths_line(record: Path, test_part: str = "") -> dict:
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    return next(m for m in lines if m["type"] == "measurement" and m["name"] == "paths_not_reached"
+                and m.get("part", test_part) == test_part)
+
+
+def test_the_ci_profiles_paths_are_judged_over_its_parts_not_in_each(tmp_path):
+    """A part of the ci profile on a bench that makes every fault does not go red for a path
+    another part may take: it records its paths beside the limit, not comparable, and the
+    report that merges the parts judges them together (here three stories a shard, too few to
+    take every path: the merged run is red, and says which paths no part took)."""
+    parts = []
+    for k in (1, 2):
+        folder = tmp_path / f"part{k}"
+        proc = _cli(tmp_path, "run", "--bench", str(BENCHES / "exploration.yaml"), "--results", str(folder),
+                    "--no-report", "-q", "--explore", "ci", "--explore-sequences", "6", "--explore-seed", SEED,
+                    "--explore-shard", f"{k}/2", "-k", "failure_sequences")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        mine = _paths_line(next((folder / "records").glob("run-*.jsonl")))
+        assert mine["verdict"] == "not comparable" and mine["high"] == 0 and mine["attrs"]["part"] == f"{k}/2", mine
+        assert mine["value"] > 0, "three stories take every path: the test shows nothing"
+        parts.append(folder)
+    merged = _cli(tmp_path, "report", *map(str, parts), "--results", str(tmp_path / "ci"))
+    assert merged.returncode == 1, merged.stdout[-2000:] + merged.stderr[-2000:]
+    line = _paths_line(next((tmp_path / "ci" / "records").glob("run-merged-*.jsonl")), "merged")
+    assert line["verdict"] == "fail" and line["attrs"]["parts"] == ["1/2", "2/2"] and line["attrs"]["shards"] == [0, 1]
+    assert line["value"] == len(line["attrs"]["missed"]) > 0
+    assert f"missed {', '.join(line['attrs']['missed'])}" in merged.stderr
+    summary = json.loads((tmp_path / "ci" / "summary.json").read_text())
+    assert summary["outcome"] == "failed", summary["outcome"]
+
+
+def _part(folder: Path, part: str, shards: list[int], reached: dict[str, int]) -> Path:
+    """A results folder of one part of the ci profile, as its run record says it (reports/merge.py
+    reads nothing else of it)."""
+    (folder / "records").mkdir(parents=True)
+    lines = [{"type": "run", "bench": "exploration", "time_scale": 0.02},
+             {"type": "measurement", "test": f"test_failure_sequences.py::test_failure_sequences[shard{shards[-1]}]",
+              "name": "paths_not_reached", "value": 1.0, "unit": "paths", "low": None, "high": 0.0,
+              "verdict": "not comparable", "attrs": {
+                  "missed": [], "reached": reached, "shards": shards, "part": part, "every": True, "profile_shards": 2,
+                  "reference": ["detected: xid", "degraded", "resume after a repair"]}},
+             {"type": "end", "outcome": "passed", "exit_status": 0, "counts": {"passed": 1}}]
+    (folder / "records" / "run-1.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return folder
+
+
+def test_merged_parts_that_together_take_every_path_pass_and_a_missing_part_is_not_comparable(tmp_path):
+    from lumion_hil.reports.merge import merge_results
+
+    one = _part(tmp_path / "one", "1/2", [0], {"detected: xid (agent)": 3, "degraded": 1})
+    two = _part(tmp_path / "two", "2/2", [1], {"resume after a repair": 2})
+    line = _paths_line(merge_results([one, two], tmp_path / "both"), "merged")
+    assert line["verdict"] == "pass" and line["value"] == 0 and line["attrs"]["reached"]["degraded"] == 1, line
+    alone = _paths_line(merge_results([one], tmp_path / "alone"), "merged")
+    assert alone["verdict"] == "not comparable" and "shard(s) [1]" in alone["not_comparable"], alone
+    assert alone["attrs"]["missed"] == ["resume after a repair"]
