@@ -23,7 +23,7 @@ from lumion_hil.instruments.emulators.rack import Rack
 from lumion_hil.instruments.emulators.rack_machine import available
 from lumion_hil.instruments.emulators.rack_spec import RackError, RackHost, RackNic, RackSpec, RackUnavailable
 
-from conftest import needs
+from conftest import fastest_of, needs
 
 OK, WHY = available()
 pytestmark = needs("netns", OK, f"no rack on this machine: {WHY}")
@@ -238,16 +238,11 @@ def test_a_nic_is_in_one_circuit_at_most(fresh):
 # -- 3. rates ------------------------------------------------------------------------------------
 
 
-def best_mbit(rack: Rack, shaped_mbit: float, *path: str, tries: int = 3) -> float:
-    """The most a path carried in up to ``tries`` transfers, stopping at the first within 10% of
-    its shaped rate: a shaper sets a ceiling, and a loaded machine (two test workers on two
-    cores) only keeps a sender below it now and then (85.6 of 100 Mb/s once, in CI)."""
-    best = 0.0
-    for _ in range(tries):
-        best = max(best, transfer_mbit(rack, *path))
-        if best >= shaped_mbit * 0.9:
-            break
-    return best
+def best_mbit(rack: Rack, shaped_mbit: float, *path: str) -> float:
+    """The most a path carried in up to three transfers, stopping at the first within 10% of
+    its shaped rate (fastest_of): a shaper sets a ceiling, and a loaded machine (two test workers
+    on two cores) only keeps a sender below it now and then (85.6 of 100 Mb/s once, in CI)."""
+    return max(fastest_of(lambda: transfer_mbit(rack, *path), lambda mbit: mbit >= shaped_mbit * 0.9))
 
 
 def test_a_joined_pair_carries_its_shaped_rate_and_the_uplink_follows_set_uplink_mbit(fresh):
