@@ -27,6 +27,7 @@ bandwidth tests' scripts on the hosts run: netns_perf.py.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import sys
 import threading
@@ -340,13 +341,13 @@ class NetnsBench(EmulatedBench):
         scale = self.settings.rate_scale
         if kind == "electrical":
             rack = self.bench.electrical
-            uplinks = uplink_mbit(self.bench)
-            shaped = self.rack.uplink_mbit if self.rack is not None else None  # None: as the bench file says
-            if shaped is not None:
-                uplinks = {name: shaped.get(name, mbit) if isinstance(shaped, dict) else shaped
-                           for name, mbit in uplinks.items()}
+            uplinks: dict[str, float | None] = dict(uplink_mbit(self.bench))  # the bench file's, as the rack is built
+            if self.rack is not None:  # as shaped now: one rate, or rack -> rate (None, or a rack left out: unshaped)
+                shaped = self.rack.uplink_mbit
+                uplinks = {name: shaped.get(name) if isinstance(shaped, dict) else shaped for name in uplinks}
             return rack_fabric(ranks, rack.nic_gbps.value * scale, rack.hop_latency_us.value, 1.0, rack.rack_of,
-                               uplink_gbps={name: mbit / 1000 for name, mbit in uplinks.items()})
+                               uplink_gbps={name: math.inf if mbit is None else mbit / 1000
+                                            for name, mbit in uplinks.items()})
         net = self.world.optical_fabric()
         return Fabric({key: Link(link.capacity_gbps * scale, link.latency_us) for key, link in net.links.items()},
                       net.route)
