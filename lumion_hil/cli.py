@@ -180,7 +180,8 @@ def report_cmd(parts: tuple[Path, ...], results: Path) -> None:
     with --explore-shard K/N, or several benches), merge their run records, Allure results and
     stories into RESULTS first, and summarize them as one run: the failure sequences explored are
     added up over every shard, and the reference paths they took are judged over every part (in
-    the ci profile on a bench that makes every fault, none may be missed: exit 1 where one is).
+    the ci profile on a bench that makes every fault, none may be missed). It then exits as the
+    merged run ended: as its worst part did, or 1 where a path was missed over every part.
 
     \b
     Example (four machines each ran one part of the nightly profile):
@@ -194,12 +195,14 @@ def report_cmd(parts: tuple[Path, ...], results: Path) -> None:
         except MergeError as exc:
             raise click.ClickException(str(exc)) from None
         click.echo(f"lumion-hil: merged {len(parts)} results into {results} ({merged})")
-        red = [m for m in read_record(merged) if m.get("part") == "merged" and m.get("verdict") == "fail"]
-        for m in red:  # what only the parts together show (reports/merge.py): the merged run is red
-            click.echo(f"lumion-hil: over every part, {m['name']} = {m['value']:g} (limit {m['high']:g}): "
-                       f"{m['test']}: missed {', '.join(m['attrs']['missed'])}", err=True)
+        lines = list(read_record(merged))
+        for m in lines:  # what only the parts together show (reports/merge.py)
+            if m.get("over_parts") and m.get("verdict") == "fail":
+                click.echo(f"lumion-hil: over every part, {m['name']} = {m['value']:g} (limit {m['high']:g}): "
+                           f"{m['test']}: missed {', '.join(m['attrs']['missed'])}", err=True)
+        ended = next((m["exit_status"] for m in reversed(lines) if m.get("type") == "end"), int(ExitCode.CRASHED))
         built = build_report(results)
-        sys.exit(built or (int(ExitCode.TESTS_FAILED) if red else 0))
+        sys.exit(ended or built)  # as the merged run ended (its worst part, a path missed over every part)
     sys.exit(build_report(results))
 
 

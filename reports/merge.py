@@ -13,8 +13,8 @@ The inputs are read, never changed.
 
 What only the parts together can show is judged here: the failure sequences' reference paths.
 A part (``--explore-shard K/N``) records the paths its shards took beside the profile's limit,
-not comparable; the merged record adds one ``paths_not_reached`` over every part (``"part":
-"merged"``), judged against that limit, and a red one makes the merged run red."""
+not comparable; the merged record adds one ``paths_not_reached`` over every part (``"over_parts": true``), judged
+against that limit, and a red one makes the merged run red."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from lumion_hil.harness.exit_codes import MEANING, ExitCode
-from lumion_hil.harness.exploration import EVERY_PATH, missed_of
+from lumion_hil.harness.exploration import EVERY_PATH, missed_of, parse_part
 from lumion_hil.harness.measurements import Spec, Verdict
 from lumion_hil.harness.records import read_record
 from lumion_hil.reports.summary import newest_record
@@ -64,16 +64,19 @@ def _paths_over_parts(bodies: list[list[dict]]) -> list[dict]:
     for body in bodies:
         for line in body:
             attrs = line.get("attrs") or {}
-            if line.get("type") == "measurement" and line.get("name") == "paths_not_reached" and attrs.get("part"):
-                groups.setdefault((line.get("test", "").split("[")[0], line.get("part_bench")), []).append(line)
+            part = attrs.get("part")
+            if line.get("type") == "measurement" and line.get("name") == "paths_not_reached" and part \
+                    and not line.get("over_parts") and parse_part(part)[1] > 1:
+                key = (line.get("test", "").split("[")[0], line.get("part_bench"), tuple(attrs["reference"]))
+                groups.setdefault(key, []).append(line)
     out = []
-    for (test, bench), lines in groups.items():
+    for (test, bench, reference), lines in groups.items():
         reached: dict[str, int] = {}
         for line in lines:
             for path, times in line["attrs"]["reached"].items():
                 reached[path] = reached.get(path, 0) + times
         shards = sorted({shard for line in lines for shard in line["attrs"]["shards"]})
-        missed = missed_of(reached, lines[0]["attrs"]["reference"])
+        missed = missed_of(reached, reference)
         spec = Spec("paths_not_reached", "paths", description="paths of the reference controller no story took, "
                     "in every shard of the parts merged")
         if all(line["attrs"].get("every") for line in lines):
@@ -84,7 +87,7 @@ def _paths_over_parts(bodies: list[list[dict]]) -> list[dict]:
                                                    "the parts explored is not the whole profile")
         m = spec.measure(float(len(missed)), missed=missed, reached=dict(sorted(reached.items())), shards=shards,
                          parts=sorted(line["attrs"]["part"] for line in lines))
-        out.append({"type": "measurement", "test": test, **m.to_dict(), "part_bench": bench, "part": "merged"})
+        out.append({"type": "measurement", "test": test, **m.to_dict(), "part_bench": bench, "over_parts": True})
     return out
 
 
@@ -110,7 +113,8 @@ def merge_results(inputs: list[Path], out: Path) -> Path:
                       "defects": head.get("defects") or [], "outcome": end["outcome"] if end else "crashed",
                       "exit_status": end["exit_status"] if end else int(ExitCode.CRASHED)})
         part = {"part_bench": head.get("bench"), "part": str(folder)}
-        bodies.append([{**line, **part} for line in lines if line.get("type") not in ("run", "end")])
+        # (a line of a folder merged before keeps the part it came from)
+        bodies.append([{**part, **line} for line in lines if line.get("type") not in ("run", "end")])
         ends.append(end)
     benches = sorted({h["bench"] for h in heads if h["bench"]})
     scales = {h["time_scale"] for h in heads}

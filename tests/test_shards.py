@@ -110,10 +110,10 @@ def test_report_names_a_folder_that_is_not_results(tmp_path):
     assert proc.returncode != 0 and "no run record" in proc.stderr and "empty" in proc.stderr
 
 
-def _paths_line(record: Path, test_part: str = "") -> dict:
+def _paths_line(record: Path, over_parts: bool = False) -> dict:
     lines = [json.loads(line) for line in record.read_text().splitlines()]
     return next(m for m in lines if m["type"] == "measurement" and m["name"] == "paths_not_reached"
-                and m.get("part", test_part) == test_part)
+                and bool(m.get("over_parts")) == over_parts)
 
 
 def test_the_ci_profiles_paths_are_judged_over_its_parts_not_in_each(tmp_path):
@@ -134,7 +134,7 @@ def test_the_ci_profiles_paths_are_judged_over_its_parts_not_in_each(tmp_path):
         parts.append(folder)
     merged = _cli(tmp_path, "report", *map(str, parts), "--results", str(tmp_path / "ci"))
     assert merged.returncode == 1, merged.stdout[-2000:] + merged.stderr[-2000:]
-    line = _paths_line(next((tmp_path / "ci" / "records").glob("run-merged-*.jsonl")), "merged")
+    line = _paths_line(next((tmp_path / "ci" / "records").glob("run-merged-*.jsonl")), over_parts=True)
     assert line["verdict"] == "fail" and line["attrs"]["parts"] == ["1/2", "2/2"] and line["attrs"]["shards"] == [0, 1]
     assert line["value"] == len(line["attrs"]["missed"]) > 0
     assert f"missed {', '.join(line['attrs']['missed'])}" in merged.stderr
@@ -142,11 +142,11 @@ def test_the_ci_profiles_paths_are_judged_over_its_parts_not_in_each(tmp_path):
     assert summary["outcome"] == "failed", summary["outcome"]
 
 
-def _part(folder: Path, part: str, shards: list[int], reached: dict[str, int]) -> Path:
+def _part(folder: Path, part: str, shards: list[int], reached: dict[str, int], bench: str = "exploration") -> Path:
     """A results folder of one part of the ci profile, as its run record says it (reports/merge.py
     reads nothing else of it)."""
     (folder / "records").mkdir(parents=True)
-    lines = [{"type": "run", "bench": "exploration", "time_scale": 0.02},
+    lines = [{"type": "run", "bench": bench, "time_scale": 0.02},
              {"type": "measurement", "test": f"test_failure_sequences.py::test_failure_sequences[shard{shards[-1]}]",
               "name": "paths_not_reached", "value": 1.0, "unit": "paths", "low": None, "high": 0.0,
               "verdict": "not comparable", "attrs": {
@@ -162,8 +162,14 @@ def test_merged_parts_that_together_take_every_path_pass_and_a_missing_part_is_n
 
     one = _part(tmp_path / "one", "1/2", [0], {"detected: xid (agent)": 3, "degraded": 1})
     two = _part(tmp_path / "two", "2/2", [1], {"resume after a repair": 2})
-    line = _paths_line(merge_results([one, two], tmp_path / "both"), "merged")
+    line = _paths_line(merge_results([one, two], tmp_path / "both"), over_parts=True)
     assert line["verdict"] == "pass" and line["value"] == 0 and line["attrs"]["reached"]["degraded"] == 1, line
-    alone = _paths_line(merge_results([one], tmp_path / "alone"), "merged")
+    alone = _paths_line(merge_results([one], tmp_path / "alone"), over_parts=True)
     assert alone["verdict"] == "not comparable" and "shard(s) [1]" in alone["not_comparable"], alone
     assert alone["attrs"]["missed"] == ["resume after a repair"]
+    # Parts of another bench are judged apart; a merged folder merged again is judged as before.
+    other = _part(tmp_path / "other", "2/2", [1], {"resume after a repair": 2}, bench="served")
+    record = merge_results([other, tmp_path / "both"], tmp_path / "again")
+    over = [json.loads(line) for line in record.read_text().splitlines() if '"over_parts": true' in line]
+    by_bench = {m["part_bench"]: (m["verdict"], m["attrs"]["parts"]) for m in over}
+    assert by_bench == {"exploration": ("pass", ["1/2", "2/2"]), "served": ("not comparable", ["2/2"])}, by_bench
