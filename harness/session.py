@@ -4,6 +4,7 @@ happened in between."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -27,6 +28,13 @@ from lumion_hil.instruments.gpu_host.replies import JobStarted
 from lumion_hil.instruments.protocols import OutOfRange
 
 log = logging.getLogger("lumion_hil")
+
+
+def _named(step: Callable[[], object]) -> str:
+    """A clean-up step as a log line names it: a function's name, a partial's with its arguments."""
+    if isinstance(step, functools.partial):
+        return f"{_named(step.func)}({', '.join(map(str, step.args))})"
+    return getattr(step, "__name__", None) or repr(step)
 
 
 def _all_at_once(action, calls: list[tuple]) -> None:
@@ -291,8 +299,7 @@ class BenchSession:
             try:
                 step()
             except Exception as exc:  # keep going: the rest of the clean-up still matters
-                log.error("bench %s: clean-up step %s failed: %s", self.bench.name,
-                          getattr(step, "__name__", step), exc)
+                log.error("bench %s: clean-up step %s failed: %s", self.bench.name, _named(step), exc)
                 failure = failure or exc
         if failure is not None:
             raise failure

@@ -72,8 +72,8 @@ def restarts(count: int) -> None:
             if not lead.wait_step(1, 30).reached:
                 raise SystemExit(f"the job did not step again on {ranks}")
         wall = time.perf_counter() - started
-        machine = machine_busy_s() - machine_before
         session.stop_job()
+        machine = machine_busy_s() - machine_before  # the same span as the kinds' below: the last stop too
         # The ranks each stop ended, reaped by their servers: the first start's and every
         # restart's but (where its server has not reaped them yet) the last: ``count`` starts of
         # every rank, give or take one.
