@@ -13,8 +13,8 @@ The inputs are read, never changed.
 
 What only the parts together can show is judged here: the failure sequences' reference paths.
 A part (``--explore-shard K/N``) records the paths its shards took beside the profile's limit,
-not comparable; the merged record adds one ``paths_not_reached`` over every part (``"over_parts": true``), judged
-against that limit, and a red one makes the merged run red."""
+not comparable; the merged record adds one ``paths_not_reached`` over every part
+(``"over_parts": true``), judged against that limit, and a red one makes the merged run red."""
 
 from __future__ import annotations
 
