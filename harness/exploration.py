@@ -61,6 +61,11 @@ def parse_part(text: str) -> tuple[int, int]:
     return k, n
 
 
+def is_a_part(part: str | None) -> bool:
+    """Whether ``--explore-shard`` ``part`` makes a run one part of several (K/N, N above 1)."""
+    return part is not None and parse_part(part)[1] > 1
+
+
 def shards_of_part(name: str | None, part: str | None) -> list[int]:
     """The shards of profile ``name`` that part ``K/N`` runs: shard i in part i mod N + 1, so the
     N parts together run every shard once, each with the seed and the sequences it has in the

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from lumion_hil.harness.exit_codes import MEANING, ExitCode
-from lumion_hil.harness.exploration import EVERY_PATH, missed_of, parse_part
+from lumion_hil.harness.exploration import EVERY_PATH, is_a_part, missed_of
 from lumion_hil.harness.measurements import Spec, Verdict
 from lumion_hil.harness.records import read_record
 from lumion_hil.reports.summary import newest_record
@@ -64,9 +64,8 @@ def _paths_over_parts(bodies: list[list[dict]]) -> list[dict]:
     for body in bodies:
         for line in body:
             attrs = line.get("attrs") or {}
-            part = attrs.get("part")
-            if line.get("type") == "measurement" and line.get("name") == "paths_not_reached" and part \
-                    and not line.get("over_parts") and parse_part(part)[1] > 1:
+            if line.get("type") == "measurement" and line.get("name") == "paths_not_reached" \
+                    and not line.get("over_parts") and is_a_part(attrs.get("part")):
                 key = (line.get("test", "").split("[")[0], line.get("part_bench"), tuple(attrs["reference"]))
                 groups.setdefault(key, []).append(line)
     out = []

@@ -26,8 +26,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, note, seed, settings, strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from lumion_hil.harness.exploration import EVERY_PATH, parse_part, paths_missed, reference_paths, shards_of_part
-from lumion_hil.harness.exploration import shards as shards_of_profile
+from lumion_hil.harness.exploration import EVERY_PATH, is_a_part, paths_missed, reference_paths, shards_of_part
 from lumion_hil.harness.explorer import Explorer
 from lumion_hil.harness.promises import Broken
 from lumion_hil.harness.stories import DURING, NIC_KINDS, Step, Story
@@ -89,7 +88,8 @@ def _step(data, explorer: Explorer, kinds: list[str], fade: bool) -> Step:
     return Step("fault", host=host, kind=kind, nic=nic)
 
 
-def _judge_paths(request, measure, record_path, bench_file, shard: int, reached: dict[str, int], every: bool) -> None:
+def _judge_paths(request, measure, record_path, bench_file, shard: int, reached: dict[str, int], every: bool,
+                 profile_shards: int) -> None:
     """The paths the stories took, judged over every shard of this run (a profile's shards explore
     it together, on one worker or several): each shard records its own (``paths_reached``), and
     the shard that ends last, finding the others' in the run record, judges their sum
@@ -125,12 +125,12 @@ def _judge_paths(request, measure, record_path, bench_file, shard: int, reached:
     if every:  # a ci run on a bench that makes every fault must reach every path
         paths = paths.at_most(0, EVERY_PATH).with_marginal(0.0)
     part = request.config.getoption("--explore-shard")
-    if every and part is not None and parse_part(part)[1] > 1:
+    if every and is_a_part(part):
         paths = paths.not_comparable_because(f"part {part} of the profile: the paths of every part are judged "
                                              "together where the parts are merged (lumion-hil report)")
     measure(paths, float(len(missed)), missed=missed, reached=dict(sorted(total.items())), shards=sorted(shards),
             reference=list(reference_paths(bench_file)), every=every, part=part,
-            profile_shards=shards_of_profile(request.config.getoption("--explore")))
+            profile_shards=profile_shards)
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +239,7 @@ def test_failure_sequences(shard, session, bench_file, exploration, measure, rec
                 profile=profile.name, seed=the_seed, shard=shard, sequences_run=len(lengths),
                 promises={c.name: list(c.promises) for c in Explorer.CHECKS})
         every = profile.name == "ci" and fade and set(kinds) == {k.value for k in FaultKind}
-        _judge_paths(request, measure, record_path, bench_file, shard, explorer.paths, every)
+        _judge_paths(request, measure, record_path, bench_file, shard, explorer.paths, every, profile.shards)
         if lengths:
             measure(Spec("sequence_length_mean", "steps", description="mean steps per sequence"), statistics.mean(lengths),
                     profile=profile.name)
