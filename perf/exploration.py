@@ -15,7 +15,9 @@ a change, and where the time goes.
 3. The floor the physics alone sets: the profile's physics, all of it, spread over the workers;
    the sequences a minute it allows, and how far each run is from it.
 
-``--profiles`` also runs the nightly profile (its 8 shards over the workers) and the bench
+``--pairs N`` runs the two sides N times, in turn the code before first and this tree first, and
+prints each pair's ratio and their median: one pair's ratio moves with what the machine does over
+its minutes. ``--profiles`` also runs the nightly profile (its 8 shards over the workers) and the bench
 profile (real time, a few sequences) on this tree, as before. Figures are wall time on this
 machine: a loaded machine slows both sides of the comparison alike, not the floor."""
 
@@ -25,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -212,23 +215,35 @@ def main() -> None:
                         help="the bench file under benches/ (default exploration.yaml; netns.yaml: the namespaced "
                              "bench, as root, at --time-scale 0.05 as CI runs it)")
     parser.add_argument("--time-scale", type=float, default=None, help="the bench's time scale (default: its own)")
+    parser.add_argument("--pairs", type=int, default=1, metavar="N",
+                        help="run the two sides N times, in turn before first and this tree first, and print each "
+                             "pair's ratio and their median (default 1: a ratio of two runs moves with the machine)")
     parser.add_argument("--profiles", action="store_true",
                         help="also the nightly profile over the workers and the bench profile at real time")
     parser.add_argument("--nightly", type=int, default=96, help="sequences for the nightly profile (8 shards)")
     parser.add_argument("--bench-sequences", type=int, default=3, help="sequences for the bench profile (real time)")
     args = parser.parse_args()
+    if args.pairs < 1:
+        parser.error(f"--pairs {args.pairs}: at least 1")
     workers = ["-n", str(args.workers)] if args.workers > 1 else []
     workers += ["--time-scale", str(args.time_scale)] if args.time_scale else []
     load = os.getloadavg()
     print(f"Failure sequences on {args.bench}{f' at time scale {args.time_scale:g}' if args.time_scale else ''}, ci profile, {args.ci} sequences, seed 1, {args.workers} worker(s); "
           f"{os.cpu_count()} cores, load average {load[0]:.2f} at the start")
-    runs = []
+    runs, ratios = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        if args.before != "none":
-            shim = unpack(args.before, Path(tmp))
-            runs.append((f"before ({args.before})", explore(Path(tmp) / "tree", shim, "ci", args.ci, *workers,
-                                                            bench=args.bench)))
-        runs.append(("this tree", explore(ROOT, None, "ci", args.ci, *workers, bench=args.bench)))
+        shim = unpack(args.before, Path(tmp)) if args.before != "none" else None
+        for k in range(args.pairs):
+            sides = [("this tree", ROOT, None)]
+            if shim is not None:
+                before = (f"before ({args.before})", Path(tmp) / "tree", shim)
+                # Each pair in the other order from the last: a load that comes or goes over the
+                # minutes of a measurement favours neither side.
+                sides = [before, *sides] if k % 2 == 0 else [*sides, before]
+            done = {name: explore(tree, where, "ci", args.ci, *workers, bench=args.bench) for name, tree, where in sides}
+            runs += [(name + (f" #{k + 1}" if args.pairs > 1 else ""), done[name]) for name, *_ in sides]
+            if shim is not None:
+                ratios.append(done["this tree"]["per_min"] / done[before[0]]["per_min"])
     print(f"  {'':22s} {'sequences':>9s} {'wall s':>8s} {'per min':>8s} {'recoveries':>10s} {'steps each':>10s}  "
           "physics floor: s, per min, run / floor, shards / floor")
     for name, r in runs:
@@ -238,9 +253,17 @@ def main() -> None:
                       if f["floor_s"] else "  (not split: no physics read)")
         print(f"  {name:22s} {r['sequences']:9.0f} {r['wall_s']:8.1f} {r['per_min']:8.1f} {r['recoveries']:10.0f} "
               f"{r['mean_steps']:10.2f}  {floor_text}")
-    if len(runs) == 2:
-        print(f"  this tree / before: {runs[1][1]['per_min'] / runs[0][1]['per_min']:.2f}x the sequences a minute "
+    if len(ratios) == 1:
+        print(f"  this tree / before: {ratios[0]:.2f}x the sequences a minute "
               "(same profile, seed and machine, one after the other)")
+    elif ratios:
+        print(f"  this tree / before, pair by pair: {', '.join(f'{r:.2f}x' for r in ratios)}; median "
+              f"{statistics.median(ratios):.2f}x the sequences a minute (same profile, seed and machine; each pair "
+              "one after the other, in turn before first and this tree first)")
+    if args.pairs > 1:
+        over = [floor(r, args.workers)["of_run"] for name, r in runs if name.startswith("this tree")]
+        print(f"  this tree over its physics floor, run by run: {', '.join(f'{x:.2f}x' for x in over)}; median "
+              f"{statistics.median(over):.2f}x")
     print("Where the time goes (perf/exploration_split.py):")
     for name, r in runs:
         print_split(name, r)
