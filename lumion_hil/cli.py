@@ -187,6 +187,7 @@ def report_cmd(parts: tuple[Path, ...], results: Path) -> None:
     Example (four machines each ran one part of the nightly profile):
       lumion-hil report part1 part2 part3 part4 --results nightly
     """
+    ended = 0  # without PARTS: as the report's build ends
     if parts:
         from lumion_hil.reports.merge import MergeError, merge_results
 
@@ -200,10 +201,10 @@ def report_cmd(parts: tuple[Path, ...], results: Path) -> None:
             if m.get("over_parts") and m.get("verdict") == "fail":
                 click.echo(f"lumion-hil: over every part, {m['name']} = {m['value']:g} (limit {m['high']:g}): "
                            f"{m['test']}: missed {', '.join(m['attrs']['missed'])}", err=True)
+        # as the merged run ended (its worst part, a path missed over every part)
         ended = next((m["exit_status"] for m in reversed(lines) if m.get("type") == "end"), int(ExitCode.CRASHED))
-        built = build_report(results)
-        sys.exit(ended or built)  # as the merged run ended (its worst part, a path missed over every part)
-    sys.exit(build_report(results))
+    built = build_report(results)
+    sys.exit(ended or built)
 
 
 # --- emulate --------------------------------------------------------------------------------------
